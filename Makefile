@@ -1,0 +1,35 @@
+# Set-up and everyday commands. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+# CPU-only torch from the local wheel cache; a GPU user runs `make setup CONSTRAINTS=`.
+CONSTRAINTS ?= -c constraints-cpu.txt
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test test-all bench clean
+
+help:
+	@echo "make demo      set up, then run the main job on embedded defaults (local Ray, local MLflow)"
+	@echo "make test      set up, then run the test suite (what CI runs)"
+	@echo "make test-all  the test suite including tests marked slow"
+	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
+
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install $(CONSTRAINTS) -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/haepo train --env haepo/ChainMDP-v0 --stop-iters 30 --num-cpus 2 --set lr=0.05
+
+test: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .haepo .pytest_cache

@@ -1,0 +1,32 @@
+"""haepo-ray: HAEPO as an RLlib algorithm, with Ray Tune sweeps and MLflow tracking.
+
+``import haepo_ray`` is cheap; the RLlib classes load on first use::
+
+    from haepo_ray import HAEPOConfig
+    algo = HAEPOConfig().environment("haepo/ChainMDP-v0").build_algo()
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from haepo_ray.algorithm import HAEPO, HAEPOConfig
+    from haepo_ray.learner import HAEPOTorchLearner
+
+_LAZY = {
+    "HAEPO": "haepo_ray.algorithm",
+    "HAEPOConfig": "haepo_ray.algorithm",
+    "HAEPOTorchLearner": "haepo_ray.learner",
+}
+
+__all__ = ["HAEPO", "HAEPOConfig", "HAEPOTorchLearner", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'haepo_ray' has no attribute {name!r}")
