@@ -1,0 +1,75 @@
+"""The paper's environments as gymnasium envs, registered under ``haepo/...`` ids.
+
+``import haepo_ray.envs`` registers them with gymnasium; :func:`register_with_ray`
+also registers them with Ray Tune's env registry, which RLlib's env runners consult.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from haepo_ray.envs.bandit import GaussianBanditEnv
+from haepo_ray.envs.chain import ChainMDPEnv
+from haepo_ray.envs.newsvendor import NewsvendorEnv
+from haepo_ray.envs.random_walk import RandomWalkEnv
+
+_ENVS: dict[str, tuple[type[gym.Env], str]] = {
+    "haepo/GaussianBandit-v0": (GaussianBanditEnv, "K-armed Gaussian bandit, one pull per episode (num_arms=10)"),
+    "haepo/RandomWalk-v0": (RandomWalkEnv, "1-D walk, reward 1 on reaching +target (target=10, horizon=500)"),
+    "haepo/ChainMDP-v0": (ChainMDPEnv, "deterministic chain, reward 1 at the end (length=5)"),
+    "haepo/Newsvendor-v0": (NewsvendorEnv, "single-period newsvendor, Poisson(5) demand, p=10 c=6 v=2"),
+}
+
+__all__ = [
+    "ChainMDPEnv",
+    "GaussianBanditEnv",
+    "NewsvendorEnv",
+    "RandomWalkEnv",
+    "check_env_id",
+    "register_with_ray",
+    "registered_envs",
+]
+
+
+def registered_envs() -> dict[str, str]:
+    """The ids haepo-ray registers, each with a one-line description."""
+    return {env_id: description for env_id, (_, description) in _ENVS.items()}
+
+
+def _register_with_gymnasium() -> None:
+    for env_id, (cls, _) in _ENVS.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=f"{cls.__module__}:{cls.__name__}")
+
+
+def register_with_ray() -> None:
+    """Register every id with Ray Tune's env registry (creator: ``cls(**env_config)``)."""
+    from ray.tune.registry import register_env
+
+    for env_id, (cls, _) in _ENVS.items():
+        register_env(env_id, _Creator(cls))
+
+
+class _Creator:
+    """Picklable env creator for Tune's registry."""
+
+    def __init__(self, cls: type[gym.Env]):
+        self.cls = cls
+
+    def __call__(self, env_config: dict) -> gym.Env:
+        return self.cls(**dict(env_config or {}))
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise ``ValueError`` unless ``env_id`` is a gymnasium or Ray Tune env."""
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if env_id in gym.registry or _global_registry.contains(ENV_CREATOR, env_id):
+        return
+    raise ValueError(
+        f"unknown env {env_id!r}: not a registered gymnasium id or Ray Tune env "
+        f"(haepo-ray's own: {', '.join(_ENVS)})"
+    )
+
+
+_register_with_gymnasium()

@@ -1,0 +1,44 @@
+"""1-D random walk with a sparse success reward (paper, "Random Walk")."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from haepo_ray.envs._validation import check_int
+
+
+class RandomWalkEnv(gym.Env):
+    """Start at 0, step -1 (action 0) or +1 (action 1); reward 1 on reaching ``+target``.
+
+    Reaching the target terminates the episode with return 1; otherwise it is truncated
+    after ``horizon`` steps with return 0. The walk is unbounded below. The observation is
+    ``[position / target, steps_left / horizon]``.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, target: int = 10, horizon: int = 500):
+        name = type(self).__name__
+        self.target = check_int(name, "target", target, 1)
+        self.horizon = check_int(name, "horizon", horizon, 1)
+        self.action_space = gym.spaces.Discrete(2)
+        low = -(self.horizon + 1) / self.target
+        self.observation_space = gym.spaces.Box(
+            np.array([low, 0.0], np.float32), np.array([1.0, 1.0], np.float32), dtype=np.float32
+        )
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.position / self.target, 1.0 - self.t / self.horizon], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.position, self.t = 0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.position += 1 if int(action) == 1 else -1
+        self.t += 1
+        success = self.position >= self.target
+        truncated = not success and self.t >= self.horizon
+        return self._obs(), float(success), success, truncated, {"success": success}
