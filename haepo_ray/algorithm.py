@@ -1,0 +1,237 @@
+"""HAEPOConfig and HAEPO: the RLlib algorithm (new API stack).
+
+Use it like RLlib's PPO::
+
+    from haepo_ray import HAEPOConfig
+
+    config = (
+        HAEPOConfig()
+        .environment("CartPole-v1")
+        .training(episodes_per_batch=8, lr=1e-2, beta_ent=0.1, beta_kl=0.1, grad_clip=0.5)
+    )
+    algo = config.build_algo()
+    result = algo.train()
+
+or by name with Ray Tune: ``tune.Tuner("HAEPO", param_space=config)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TIMERS,
+)
+from ray.tune.registry import register_trainable
+
+from haepo_ray.env_runner import HAEPOEnvRunner
+from haepo_ray.envs import register_with_ray
+from haepo_ray.loss import NORMALIZATIONS
+from haepo_ray.schedules import ScheduleSpec, parse_schedule
+
+REFERENCE_POLICIES = ("lagged", "initial", "behavior")
+
+
+class HAEPOConfig(AlgorithmConfig):
+    """Configuration of the HAEPO algorithm; set HAEPO's knobs with :meth:`training`."""
+
+    def __init__(self, algo_class: type | None = None):
+        super().__init__(algo_class=algo_class or HAEPO)
+        # HAEPO trains on complete episodes, all of them in every gradient step.
+        self.batch_mode = "complete_episodes"
+        self.minibatch_size = None
+        self.episodes_per_batch = 8
+        self.beta_ent: ScheduleSpec = 0.05
+        self.beta_kl: ScheduleSpec = 0.05
+        self.reward_normalization = "zscore"
+        self.reference_policy = "lagged"
+        self.reference_update_interval = 10
+        self.lr = 1e-3
+        self.num_epochs = 1
+        self.log_gradients = True
+        self.env_runner_cls = HAEPOEnvRunner
+
+    def training(
+        self,
+        *,
+        episodes_per_batch: int | None = NotProvided,
+        beta_ent: ScheduleSpec | None = NotProvided,
+        beta_kl: ScheduleSpec | None = NotProvided,
+        reward_normalization: str | None = NotProvided,
+        reference_policy: str | None = NotProvided,
+        reference_update_interval: int | None = NotProvided,
+        **kwargs: Any,
+    ) -> HAEPOConfig:
+        """Sets HAEPO's training settings, and any of ``AlgorithmConfig.training``'s.
+
+        Args:
+            episodes_per_batch: M, the number of complete episodes per update.
+            beta_ent: weight of the entropy bonus, a number or a schedule over env steps
+                (see :mod:`haepo_ray.schedules`).
+            beta_kl: weight of the KL penalty towards the reference policy, same forms.
+            reward_normalization: ``"zscore"``, ``"sum"`` or ``"none"``.
+            reference_policy: ``"lagged"`` (default), ``"initial"`` or ``"behavior"``;
+                see :class:`haepo_ray.learner.HAEPOTorchLearner`.
+            reference_update_interval: training iterations between refreshes of the
+                ``"lagged"`` reference.
+            kwargs: ``gamma``, ``lr``, ``grad_clip``, ``num_epochs`` (gradient steps per
+                batch) and the rest of ``AlgorithmConfig.training``.
+        """
+        super().training(**kwargs)
+        for name, value in (
+            ("episodes_per_batch", episodes_per_batch),
+            ("beta_ent", beta_ent),
+            ("beta_kl", beta_kl),
+            ("reward_normalization", reward_normalization),
+            ("reference_policy", reference_policy),
+            ("reference_update_interval", reference_update_interval),
+        ):
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    def validate(self) -> None:
+        super().validate()
+        m = self.episodes_per_batch
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            self._value_error(f"HAEPO: episodes_per_batch must be an integer >= 1, got {m!r}")
+        for name in ("beta_ent", "beta_kl"):
+            try:
+                parse_schedule(name, getattr(self, name))
+            except ValueError as err:
+                self._value_error(f"HAEPO: {err}")
+        if self.reward_normalization not in NORMALIZATIONS:
+            self._value_error(
+                f"HAEPO: reward_normalization must be one of {NORMALIZATIONS}, "
+                f"got {self.reward_normalization!r}"
+            )
+        if self.reference_policy not in REFERENCE_POLICIES:
+            self._value_error(
+                f"HAEPO: reference_policy must be one of {REFERENCE_POLICIES}, "
+                f"got {self.reference_policy!r}"
+            )
+        n = self.reference_update_interval
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            self._value_error(f"HAEPO: reference_update_interval must be an integer >= 1, got {n!r}")
+        if self.minibatch_size is not None:
+            self._value_error(
+                "HAEPO: minibatch_size must be None; every gradient step uses all "
+                f"episodes of the batch (got {self.minibatch_size!r})"
+            )
+        if self.batch_mode != "complete_episodes":
+            self._value_error(f"HAEPO: batch_mode must be 'complete_episodes', got {self.batch_mode!r}")
+        if self.num_learners > self.episodes_per_batch:
+            self._value_error(
+                f"HAEPO: num_learners ({self.num_learners}) must be <= episodes_per_batch "
+                f"({self.episodes_per_batch}): every learner needs at least one episode"
+            )
+
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        from ray.rllib.algorithms.bc.torch.default_bc_torch_rl_module import DefaultBCTorchRLModule
+
+        return RLModuleSpec(module_class=DefaultBCTorchRLModule)
+
+    def get_default_learner_class(self) -> type:
+        from haepo_ray.learner import HAEPOTorchLearner
+
+        return HAEPOTorchLearner
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` integers that differ by at most one."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def shard_whole_episodes(episodes: list, num_shards: int) -> list[list]:
+    """Whole episodes into ``num_shards`` lists of balanced total length (longest first)."""
+    shards: list[list] = [[] for _ in range(num_shards)]
+    lengths = [0] * num_shards
+    for episode in sorted(episodes, key=len, reverse=True):
+        i = min(range(num_shards), key=lambda s: (len(shards[s]) > 0, lengths[s]))
+        shards[i].append(episode)
+        lengths[i] += len(episode)
+    return shards
+
+
+class HAEPO(Algorithm):
+    """HAEPO: sample M complete episodes, one (or ``num_epochs``) HAEPO update, sync weights."""
+
+    @classmethod
+    def get_default_config(cls) -> HAEPOConfig:
+        return HAEPOConfig()
+
+    def setup(self, config: AlgorithmConfig) -> None:
+        register_with_ray()
+        super().setup(config)
+
+    def training_step(self) -> None:
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            episodes, env_runner_metrics = self._sample_episodes(self.config.episodes_per_batch)
+        self.metrics.aggregate(env_runner_metrics, key=ENV_RUNNER_RESULTS)
+
+        timesteps = {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+            )
+        }
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            if self.config.num_learners > 1:
+                # RLlib's own sharding may cut an episode in two; hand each learner whole ones.
+                shards = shard_whole_episodes(episodes, self.config.num_learners)
+                learner_results = self.learner_group.update(
+                    episodes_refs=[ray.put(shard) for shard in shards],
+                    timesteps=timesteps,
+                    num_epochs=self.config.num_epochs,
+                )
+            else:
+                learner_results = self.learner_group.update(
+                    episodes=episodes, timesteps=timesteps, num_epochs=self.config.num_epochs
+                )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group, inference_only=True
+            )
+
+    def _sample_episodes(self, num_episodes: int) -> tuple[list, list[dict]]:
+        """Exactly ``num_episodes`` complete episodes, spread over the healthy env runners."""
+        group = self.env_runner_group
+        episodes: list = []
+        metrics: list[dict] = []
+        while len(episodes) < num_episodes:
+            need = num_episodes - len(episodes)
+            runner_ids = group.healthy_env_runner_ids() if group.num_remote_env_runners() else []
+            if not runner_ids:
+                runner = group.local_env_runner
+                episodes.extend(runner.sample(num_episodes=need))
+                metrics.append(runner.get_metrics())
+                continue
+            counts = split_evenly(need, len(runner_ids))
+            ids = [rid for rid, n in zip(runner_ids, counts) if n > 0]
+            results = group.foreach_env_runner(
+                [_sample_fn(n) for n in counts if n > 0],
+                local_env_runner=False,
+                remote_worker_ids=ids,
+            )
+            for sampled, runner_metrics in results:
+                episodes.extend(sampled)
+                metrics.append(runner_metrics)
+        return episodes, metrics
+
+
+def _sample_fn(n: int):
+    return lambda runner: (runner.sample(num_episodes=n), runner.get_metrics())
+
+
+register_trainable("HAEPO", HAEPO)

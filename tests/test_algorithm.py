@@ -1,0 +1,314 @@
+"""HAEPO as an RLlib algorithm on a real local Ray: sampling, learning, checkpoints, Tune."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from haepo_ray.algorithm import HAEPOConfig
+
+CHAIN = "haepo/ChainMDP-v0"
+BANDIT = "haepo/GaussianBandit-v0"
+BANDIT_MEANS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def chain_config(num_env_runners: int = 0, seed: int = 0) -> HAEPOConfig:
+    return (
+        HAEPOConfig()
+        .environment(CHAIN)
+        .env_runners(num_env_runners=num_env_runners)
+        .training(episodes_per_batch=8, lr=0.05, beta_ent=0.01, beta_kl=0.01)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .debugging(seed=seed)
+    )
+
+
+def train(config: HAEPOConfig, iterations: int) -> tuple[list[dict], object]:
+    algo = config.build_algo()
+    results = [algo.train() for _ in range(iterations)]
+    return results, algo
+
+
+def episode_return(result: dict) -> float:
+    return result["env_runners"]["episode_return_mean"]
+
+
+# --- Config validation (no Ray needed) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        ({"beta_ent": -0.1}, "beta_ent"),
+        ({"beta_kl": -1.0}, "beta_kl"),
+        ({"beta_kl": float("nan")}, "beta_kl"),
+        ({"beta_ent": [[0, 0.1], [0, 0.2]]}, "beta_ent"),
+        ({"beta_ent": {"type": "cosine", "start": 0.1}}, "beta_ent"),
+        ({"episodes_per_batch": 0}, "episodes_per_batch"),
+        ({"episodes_per_batch": 2.5}, "episodes_per_batch"),
+        ({"reward_normalization": "minmax"}, "reward_normalization"),
+        ({"reference_policy": "old"}, "reference_policy"),
+        ({"reference_update_interval": 0}, "reference_update_interval"),
+        ({"minibatch_size": 32}, "minibatch_size"),
+    ],
+)
+def test_invalid_settings_fail_validation_naming_the_field(settings, field):
+    config = HAEPOConfig().environment(CHAIN).training(**settings)
+    with pytest.raises(ValueError, match=field):
+        config.validate()
+
+
+def test_more_learners_than_episodes_fails_validation():
+    config = HAEPOConfig().environment(CHAIN).training(episodes_per_batch=2).learners(num_learners=3)
+    with pytest.raises(ValueError, match="num_learners"):
+        config.validate()
+
+
+def test_defaults_validate_and_reference_is_not_behavior():
+    config = HAEPOConfig().environment(CHAIN)
+    config.validate()
+    assert config.reference_policy == "lagged" and config.beta_kl > 0
+
+
+# --- Sampling ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_env_runners, envs_per_runner", [(0, 1), (2, 1), (2, 3)])
+def test_batches_hold_exactly_m_complete_episodes(ray_session, num_env_runners, envs_per_runner):
+    config = (
+        chain_config(num_env_runners)
+        .environment(CHAIN, env_config={"horizon": 12})
+        .env_runners(num_envs_per_env_runner=envs_per_runner)
+        .training(episodes_per_batch=7)
+    )
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            episodes, _ = algo._sample_episodes(7)
+            assert len(episodes) == 7
+            assert all(e.is_done for e in episodes)
+            assert all(e.is_terminated or len(e) == 12 for e in episodes)
+        result = algo.train()
+        learner = result["learners"]["default_policy"]
+        assert learner["num_episodes"] == 7
+        assert result["env_runners"]["num_episodes"] == 7
+    finally:
+        algo.stop()
+
+
+def test_first_gradient_step_uses_the_behavior_log_likelihood(ray_session):
+    """At the first gradient step on a batch, L_k equals the sum of the behaviour log-probs."""
+    results, algo = train(chain_config().training(num_epochs=1), 2)
+    algo.stop()
+    for result in results:
+        assert result["learners"]["default_policy"]["behavior_logp_gap"] < 1e-5
+
+
+def test_default_reference_makes_the_kl_term_act(ray_session):
+    results, algo = train(chain_config(), 3)
+    algo.stop()
+    kls = [r["learners"]["default_policy"]["kl_to_reference"] for r in results]
+    assert kls[0] == pytest.approx(0.0, abs=1e-6)  # iteration 1: reference == initial == current
+    assert max(kls[1:]) > 1e-4
+
+
+def test_behavior_reference_is_inert_with_one_gradient_step(ray_session):
+    results, algo = train(chain_config().training(reference_policy="behavior", num_epochs=1), 3)
+    algo.stop()
+    assert all(abs(r["learners"]["default_policy"]["kl_to_reference"]) < 1e-6 for r in results)
+
+
+def test_episodes_are_not_replayed_across_iterations(ray_session):
+    """RLlib re-seeds envs at every sample(num_episodes=..) call; HAEPO's runner seeds once."""
+    config = HAEPOConfig().environment(BANDIT, env_config={"num_arms": 5}).debugging(seed=3)
+    algo = config.build_algo()
+    try:
+        first, _ = algo._sample_episodes(8)
+        second, _ = algo._sample_episodes(8)
+        rewards = lambda eps: [float(e.get_rewards()[0]) for e in eps]  # noqa: E731
+        assert rewards(first) != rewards(second)
+    finally:
+        algo.stop()
+
+
+def test_nan_reward_is_a_clear_error(ray_session):
+    import gymnasium as gym
+    from ray.tune.registry import register_env
+
+    class NaNRewardEnv(gym.Env):
+        observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(1, np.float32), float("nan"), True, False, {}
+
+    register_env("test/NaNReward-v0", lambda cfg: NaNRewardEnv())
+    algo = HAEPOConfig().environment("test/NaNReward-v0").build_algo()
+    try:
+        with pytest.raises(Exception, match="non-finite reward"):
+            algo.train()
+    finally:
+        algo.stop()
+
+
+# --- Learning ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_learns_the_chain_mdp(ray_session, num_env_runners):
+    """A random policy reaches the end of the 5-step chain with probability 1/32."""
+    results, algo = train(chain_config(num_env_runners), 40)
+    algo.stop()
+    assert episode_return(results[0]) < 0.3
+    assert episode_return(results[-1]) > 0.6
+
+
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_learns_a_gaussian_bandit(ray_session, num_env_runners):
+    config = (
+        HAEPOConfig()
+        .environment(BANDIT, env_config={"arm_means": BANDIT_MEANS})
+        .env_runners(num_env_runners=num_env_runners)
+        .training(episodes_per_batch=16, lr=0.05, beta_ent=0.01, beta_kl=0.01)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .debugging(seed=1)
+    )
+    results, algo = train(config, 40)
+    algo.stop()
+    random_policy = float(np.mean(BANDIT_MEANS))
+    assert episode_return(results[0]) < random_policy + 0.2
+    assert episode_return(results[-1]) > 0.8
+
+
+def test_continuous_actions_train_and_a_continuous_bandit_improves(ray_session):
+    import gymnasium as gym
+    from ray.tune.registry import register_env
+
+    class ContinuousBandit(gym.Env):
+        """One step; reward -(a - 0.7)^2 for a in [-2, 2]."""
+
+        observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            reward = -float((np.clip(action[0], -2, 2) - 0.7) ** 2)
+            return np.zeros(1, np.float32), reward, True, False, {}
+
+    register_env("test/ContinuousBandit-v0", lambda cfg: ContinuousBandit())
+    config = (
+        HAEPOConfig()
+        .environment("test/ContinuousBandit-v0")
+        .training(episodes_per_batch=16, lr=0.02, beta_ent=0.0, beta_kl=0.0)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .debugging(seed=0)
+    )
+    results, algo = train(config, 40)
+    algo.stop()
+    assert episode_return(results[-1]) > episode_return(results[0]) + 0.3
+
+
+# --- Checkpoints, inference, Tune ----------------------------------------------------------
+
+
+def _weights(algo) -> list[np.ndarray]:
+    state = algo.learner_group.get_weights()["default_policy"]
+    return [np.asarray(v) for v in state.values()]
+
+
+def test_checkpoint_round_trip_continues_identically(ray_session, tmp_path):
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    config = chain_config().training(beta_ent=[[0, 0.1], [200, 0.0]])
+    algo = config.build_algo()
+    for _ in range(3):
+        algo.train()
+    algo.save_to_path(str(tmp_path / "ckpt"))
+    original = [episode_return(algo.train()) for _ in range(3)]
+    original_weights = _weights(algo)
+    algo.stop()
+
+    restored = Algorithm.from_checkpoint(str(tmp_path / "ckpt"))
+    continued = [episode_return(restored.train()) for _ in range(3)]
+    restored_weights = _weights(restored)
+    restored.stop()
+    assert continued == original
+    for a, b in zip(original_weights, restored_weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_trained_module_loads_alone_for_inference(ray_session, tmp_path):
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    results, algo = train(chain_config(), 40)
+    algo.save_to_path(str(tmp_path / "ckpt"))
+    algo.stop()
+    module = RLModule.from_checkpoint(
+        tmp_path / "ckpt" / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / "default_policy"
+    )
+    obs = torch.zeros(1, 6)
+    obs[0, 0] = 1.0  # state s0 of the chain
+    logits = module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+    assert logits.argmax(-1).item() == 0  # the trained policy advances
+
+
+def test_tune_runs_haepo_by_name(ray_session, tmp_path):
+    from ray import tune
+
+    tuner = tune.Tuner(
+        "HAEPO",
+        param_space=chain_config(),
+        run_config=tune.RunConfig(
+            stop={"training_iteration": 2}, storage_path=str(tmp_path), verbose=0
+        ),
+    )
+    grid = tuner.fit()
+    assert not grid.errors
+    assert grid[0].metrics["training_iteration"] == 2
+    assert "weight_entropy" in grid[0].metrics["learners"]["default_policy"]
+
+
+# --- Several learners ------------------------------------------------------------------------
+
+
+class _Episode:
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_whole_episodes_are_sharded_without_splitting():
+    from haepo_ray.algorithm import shard_whole_episodes
+
+    episodes = [_Episode(n) for n in (500, 3, 3, 3, 200, 10, 1)]
+    shards = shard_whole_episodes(episodes, 3)
+    assert sorted(id(e) for s in shards for e in s) == sorted(id(e) for e in episodes)
+    assert all(shards)
+    assert sorted(sum(map(len, s)) for s in shards) == [20, 200, 500]
+
+
+def test_two_learners_each_get_whole_episodes_and_learn(ray_session):
+    config = (
+        chain_config()
+        .environment(CHAIN, env_config={"horizon": 8})
+        .learners(num_learners=2)
+        .training(episodes_per_batch=8)
+    )
+    results, algo = train(config, 30)
+    algo.stop()
+    learner = results[-1]["learners"]["default_policy"]
+    # Each learner's softmax runs over its own shard: 4 whole episodes each on average.
+    assert learner["num_episodes"] == pytest.approx(4.0)
+    assert episode_return(results[-1]) > episode_return(results[0])
