@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +20,25 @@ if TYPE_CHECKING:
     from haepo_ray.algorithm import HAEPOConfig
 
 REFERENCE_STATE = "haepo_reference"
+
+
+@dataclass(frozen=True)
+class EpisodeBatch:
+    """A learner's batch of M complete episodes, flat over timesteps."""
+
+    step_logp: torch.Tensor  # log pi(a_t|s_t) under the current policy, with gradient
+    behavior_step_logp: torch.Tensor  # under the policy that sampled the batch
+    step_entropy: torch.Tensor  # entropy of the current action distribution, with gradient
+    ref_step_logp: torch.Tensor  # under the reference policy (no gradient)
+    episode_index: torch.Tensor  # episode of each timestep, in 0..M-1
+    num_episodes: int  # M
+    returns: torch.Tensor  # [M] discounted episode returns R_k
+    beta_ent: float  # current values of the schedules
+    beta_kl: float
+
+    def traj_logp(self, step_logp: torch.Tensor) -> torch.Tensor:
+        """Per-episode sums L_k of ``step_logp``."""
+        return trajectory_log_likelihood(step_logp, self.episode_index, self.num_episodes)
 
 
 class HAEPOTorchLearner(TorchLearner):
@@ -67,30 +87,66 @@ class HAEPOTorchLearner(TorchLearner):
     ) -> TensorType:
         module = self.module[module_id].unwrapped()
         dist_cls = module.get_train_action_dist_cls()
-        step_logp = dist_cls.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS]).logp(batch[Columns.ACTIONS])
+        dist = dist_cls.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        step_logp = dist.logp(batch[Columns.ACTIONS])
         episode_index = batch[EPISODE_INDEX].long()
         num_episodes = int(episode_index.max()) + 1
-        traj_logp = trajectory_log_likelihood(step_logp, episode_index, num_episodes)
-        behavior_traj_logp = trajectory_log_likelihood(
-            batch[Columns.ACTION_LOGP], episode_index, num_episodes
+        behavior_step_logp = batch[Columns.ACTION_LOGP]
+        episodes = EpisodeBatch(
+            step_logp=step_logp,
+            behavior_step_logp=behavior_step_logp,
+            step_entropy=dist.entropy(),
+            ref_step_logp=(
+                behavior_step_logp
+                if config.reference_policy == "behavior"
+                else self._reference_step_logp(module_id, batch)
+            ),
+            episode_index=episode_index,
+            num_episodes=num_episodes,
+            returns=step_logp.new_zeros(num_episodes).scatter(
+                0, episode_index, batch[EPISODE_RETURN].to(step_logp.dtype)
+            ),
+            beta_ent=self._beta_ent.value(self._env_steps),
+            beta_kl=self._beta_kl.value(self._env_steps),
         )
-        ref_traj_logp = (
-            behavior_traj_logp
-            if config.reference_policy == "behavior"
-            else trajectory_log_likelihood(
-                self._reference_step_logp(module_id, batch), episode_index, num_episodes
-            )
+        loss, diagnostics = self.episode_loss(episodes, config)
+        traj_logp = episodes.traj_logp(episodes.step_logp)
+        # |L_k - L_k(behavior)|: 0 at the first gradient step on a batch, then the drift.
+        diagnostics["behavior_logp_gap"] = (
+            traj_logp - episodes.traj_logp(behavior_step_logp)
+        ).abs().mean()
+        diagnostics["traj_logp_mean"] = traj_logp.mean()
+        diagnostics["policy_entropy"] = episodes.step_entropy.mean()
+        values = torch.stack([v.detach().float() for v in diagnostics.values()]).tolist()  # one sync
+        self.metrics.log_dict(
+            {
+                **dict(zip(diagnostics, values)),
+                "num_episodes": num_episodes,
+                "beta_ent": episodes.beta_ent,
+                "beta_kl": episodes.beta_kl,
+            },
+            key=module_id,
+            window=1,
         )
-        returns = step_logp.new_zeros(num_episodes).scatter(
-            0, episode_index, batch[EPISODE_RETURN].to(step_logp.dtype)
-        )
-        beta_ent = self._beta_ent.value(self._env_steps)
-        beta_kl = self._beta_kl.value(self._env_steps)
+        return loss
+
+    def episode_loss(
+        self, episodes: EpisodeBatch, config: HAEPOConfig
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The HAEPO loss of a batch of complete episodes, and its diagnostics.
+
+        Subclasses (the baselines) override this to train other episode-level losses on
+        the same sampling, reference policy and metrics.
+        """
         out = haepo_loss(
-            traj_logp, ref_traj_logp, returns, beta_ent=beta_ent, beta_kl=beta_kl,
+            episodes.traj_logp(episodes.step_logp),
+            episodes.traj_logp(episodes.ref_step_logp),
+            episodes.returns,
+            beta_ent=episodes.beta_ent,
+            beta_kl=episodes.beta_kl,
             normalization=config.reward_normalization,
         )
-        diagnostics = {
+        return out.loss, {
             "weight_entropy": out.weight_entropy,
             "kl_to_reference": out.kl,
             "max_weight": out.max_weight,
@@ -98,22 +154,7 @@ class HAEPOTorchLearner(TorchLearner):
             "reward_loss": out.reward_term,
             "entropy_loss": out.entropy_term,
             "kl_loss": out.kl_term,
-            "traj_logp_mean": traj_logp.mean(),
-            # |L_k - L_k(behavior)|: 0 at the first gradient step on a batch, then the drift.
-            "behavior_logp_gap": (traj_logp - behavior_traj_logp).abs().mean(),
         }
-        values = torch.stack([v.detach().float() for v in diagnostics.values()]).tolist()  # one sync
-        self.metrics.log_dict(
-            {
-                **dict(zip(diagnostics, values)),
-                "num_episodes": num_episodes,
-                "beta_ent": beta_ent,
-                "beta_kl": beta_kl,
-            },
-            key=module_id,
-            window=1,
-        )
-        return out.loss
 
     def _reference_step_logp(self, module_id: ModuleID, batch: dict[str, Any]) -> torch.Tensor:
         ref = self._reference[module_id]
