@@ -37,6 +37,7 @@ from ray.tune.registry import register_trainable
 from haepo_ray.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
 from haepo_ray.loss import NORMALIZATIONS
+from haepo_ray.metrics import MetricsExporter
 from haepo_ray.schedules import ScheduleSpec, parse_schedule
 
 REFERENCE_POLICIES = ("lagged", "initial", "behavior")
@@ -173,6 +174,15 @@ class HAEPO(Algorithm):
     def setup(self, config: AlgorithmConfig) -> None:
         register_with_ray()
         super().setup(config)
+        self._metrics_exporter = MetricsExporter()
+
+    def step(self) -> dict:
+        result = super().step()
+        env = self.config.env if isinstance(self.config.env, str) else type(self.config.env).__name__
+        self._metrics_exporter.export(
+            result, {"algorithm": type(self).__name__, "trial_id": self.trial_id, "env": env}
+        )
+        return result
 
     def training_step(self) -> None:
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
