@@ -97,6 +97,54 @@ def test_batches_hold_exactly_m_complete_episodes(ray_session, num_env_runners, 
         algo.stop()
 
 
+class CoinLengthEnv:
+    """Episodes of length 1 or 30 with equal probability, whatever the actions."""
+
+    def __new__(cls, env_config=None):
+        import gymnasium as gym
+
+        class _Env(gym.Env):
+            observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.length, self.t = (1 if self.np_random.random() < 0.5 else 30), 0
+                return np.zeros(1, np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                return np.zeros(1, np.float32), 1.0, self.t >= self.length, False, {}
+
+        return _Env()
+
+
+def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session):
+    """RLlib's sample(num_episodes=n) over 4 envs returns the first n episodes to finish:
+    mostly length-1 ones. HAEPO's runner takes one episode per env per round."""
+    from ray.tune.registry import register_env
+
+    register_env("test/CoinLength-v0", CoinLengthEnv)
+    config = (
+        HAEPOConfig().environment("test/CoinLength-v0")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=4)
+        .training(episodes_per_batch=6).debugging(seed=0)
+    )
+    algo = config.build_algo()
+    try:
+        lengths = []
+        for _ in range(40):
+            episodes, metrics = algo._sample_episodes(6)
+            assert len(episodes) == 6
+            assert metrics[0]["num_env_steps_sampled"] == sum(len(e) for e in episodes)
+            lengths += [len(e) for e in episodes]
+    finally:
+        algo.stop()
+    assert set(lengths) == {1, 30}
+    standard_error = 14.5 / np.sqrt(len(lengths))
+    assert abs(np.mean(lengths) - 15.5) < 4 * standard_error
+
+
 def test_first_gradient_step_uses_the_behavior_log_likelihood(ray_session):
     """At the first gradient step on a batch, L_k equals the sum of the behaviour log-probs."""
     results, algo = train(chain_config().training(num_epochs=1), 2)
