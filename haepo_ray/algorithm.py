@@ -221,12 +221,17 @@ class HAEPO(Algorithm):
         metrics: list[dict] = []
         while len(episodes) < num_episodes:
             need = num_episodes - len(episodes)
-            runner_ids = group.healthy_env_runner_ids() if group.num_remote_env_runners() else []
-            if not runner_ids:
+            if group.num_remote_env_runners() == 0:
                 runner = group.local_env_runner
                 episodes.extend(runner.sample(num_episodes=need))
                 metrics.append(runner.get_metrics())
                 continue
+            runner_ids = group.healthy_env_runner_ids()
+            if not runner_ids:
+                raise RuntimeError(
+                    f"HAEPO: no healthy env runner left to sample from ({need} of "
+                    f"{num_episodes} episodes missing); see the env runners' errors above"
+                )
             counts = split_evenly(need, len(runner_ids))
             ids = [rid for rid, n in zip(runner_ids, counts) if n > 0]
             results = group.foreach_env_runner(
