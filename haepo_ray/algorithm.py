@@ -34,6 +34,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.tune.registry import register_trainable
 
+from haepo_ray.callbacks import EpisodeInfoMetrics
 from haepo_ray.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
 from haepo_ray.loss import NORMALIZATIONS
@@ -61,6 +62,7 @@ class HAEPOConfig(AlgorithmConfig):
         self.num_epochs = 1
         self.log_gradients = True
         self.env_runner_cls = HAEPOEnvRunner
+        self.callbacks_class = EpisodeInfoMetrics
 
     def training(
         self,

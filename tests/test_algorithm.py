@@ -360,3 +360,21 @@ def test_two_learners_each_get_whole_episodes_and_learn(ray_session):
     # Each learner's softmax runs over its own shard: 4 whole episodes each on average.
     assert learner["num_episodes"] == pytest.approx(4.0)
     assert episode_return(results[-1]) > episode_return(results[0])
+
+
+# --- The paper's metrics -----------------------------------------------------------------
+
+
+def test_regret_and_success_rate_are_reported(ray_session):
+    results, algo = train(
+        HAEPOConfig().environment(BANDIT, env_config={"arm_means": BANDIT_MEANS}).debugging(seed=0), 2
+    )
+    algo.stop()
+    runners = results[-1]["env_runners"]
+    # the expected regret of a pull is 1 - mu[a]: 0.5 on average for a near-uniform policy
+    assert 0.3 < runners["regret_per_step_mean"] < 0.7
+    results, algo = train(chain_config().environment("haepo/RandomWalk-v0", env_config={"target": 2, "horizon": 6}), 2)
+    algo.stop()
+    runners = results[-1]["env_runners"]
+    # the walk's return is 1 exactly on success: the two windowed means agree
+    assert runners["success_rate"] == pytest.approx(runners["episode_return_mean"])
