@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import seeding
 
 from haepo_ray.envs._validation import check_float, check_int
 
@@ -13,45 +14,62 @@ from haepo_ray.envs._validation import check_float, check_int
 class GaussianBanditEnv(gym.Env):
     """K arms with means mu_k ~ U[0, 1]; pulling arm k pays r ~ N(mu_k, reward_std^2).
 
-    One pull per episode (T = 1). The observation is a constant zero. The means are drawn
-    once, from the seed of the first seeded ``reset`` (or given as ``arm_means``), and are
-    then held fixed for the env's lifetime. ``info`` holds ``regret``, the expected regret
-    ``optimal_mean - mu[action]`` of the pull, and ``optimal_mean``.
+    One pull per episode (T = 1); the observation is a constant zero. The means are drawn
+    once and then held fixed for the env's lifetime, whatever later resets do:
+
+    - ``arm_means`` given: these are the means (``num_arms``, if given, must match);
+    - else ``means_seed`` given: drawn at construction from that seed, the same means a
+      first ``reset(seed=means_seed)`` would draw;
+    - else: drawn at the first ``reset``, from its ``seed`` if it has one.
+
+    Env copies seeded differently (as RLlib seeds its env runners and vector sub-envs)
+    share one bandit only with ``arm_means`` or ``means_seed``. ``info`` holds ``regret``,
+    the expected regret ``optimal_mean - mu[action]`` of the pull, and ``optimal_mean``.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(
         self,
-        num_arms: int = 10,
+        num_arms: int | None = None,
         reward_std: float = 1.0,
         arm_means: Sequence[float] | None = None,
+        means_seed: int | None = None,
     ):
         name = type(self).__name__
         self.reward_std = check_float(name, "reward_std", reward_std, minimum=0.0, strict=True)
+        self.arm_means: np.ndarray | None = None
         if arm_means is not None:
-            means = [check_float(name, f"arm_means[{i}]", m) for i, m in enumerate(arm_means)]
-            if len(means) < 2:
-                raise ValueError(f"{name}: arm_means must hold at least 2 means, got {len(means)}")
-            num_arms = len(means)
-            self.arm_means: np.ndarray | None = np.asarray(means, dtype=np.float64)
+            if means_seed is not None:
+                raise ValueError(f"{name}: pass arm_means or means_seed, not both")
+            self.arm_means = _check_means(name, arm_means)
+            if num_arms is not None and num_arms != len(self.arm_means):
+                raise ValueError(
+                    f"{name}: num_arms must equal len(arm_means) ({len(self.arm_means)}), got {num_arms!r}"
+                )
+            self.num_arms = len(self.arm_means)
         else:
-            num_arms = check_int(name, "num_arms", num_arms, 2)
-            self.arm_means = None
-        self.num_arms = num_arms
-        self.action_space = gym.spaces.Discrete(num_arms)
+            self.num_arms = check_int(name, "num_arms", 10 if num_arms is None else num_arms, 2)
+            if means_seed is not None:
+                rng, _ = seeding.np_random(check_int(name, "means_seed", means_seed, 0))
+                self.arm_means = self._draw_means(rng)
+        self.action_space = gym.spaces.Discrete(self.num_arms)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+
+    def _draw_means(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(0.0, 1.0, self.num_arms)
 
     @property
     def optimal_mean(self) -> float:
+        """The largest arm mean."""
         if self.arm_means is None:
-            raise RuntimeError("GaussianBanditEnv: the arm means are drawn at the first reset")
+            raise RuntimeError(f"{type(self).__name__}: the arm means are drawn at the first reset")
         return float(self.arm_means.max())
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if self.arm_means is None:
-            self.arm_means = self.np_random.uniform(0.0, 1.0, self.num_arms)
+            self.arm_means = self._draw_means(self.np_random)
         return np.zeros(1, np.float32), {}
 
     def step(self, action):
@@ -59,3 +77,14 @@ class GaussianBanditEnv(gym.Env):
         reward = float(self.np_random.normal(mean, self.reward_std))
         info = {"regret": self.optimal_mean - mean, "optimal_mean": self.optimal_mean}
         return np.zeros(1, np.float32), reward, True, False, info
+
+
+def _check_means(name: str, arm_means: Sequence[float]) -> np.ndarray:
+    """``arm_means`` as a float64 array; raise unless it holds at least 2 finite numbers."""
+    try:
+        values = list(arm_means)
+    except TypeError:
+        values = None
+    if values is None or len(values) < 2:
+        raise ValueError(f"{name}: arm_means must be a sequence of at least 2 numbers, got {arm_means!r}")
+    return np.array([check_float(name, f"arm_means[{i}]", m) for i, m in enumerate(values)])

@@ -14,8 +14,9 @@ class NewsvendorEnv(gym.Env):
     """Order q in 0..max_order, demand d ~ Poisson(demand_mean), one step per episode.
 
     Reward (profit) ``price * min(q, d) - cost * q + salvage * max(q - d, 0)``; the paper's
-    p=10, c=6, v=2 by default. Requires ``price > cost > salvage >= 0`` (otherwise ordering
-    nothing, or everything, is trivially optimal). ``info`` holds ``demand`` and ``profit``.
+    p=10, c=6, v=2 by default. Requires ``price > cost > salvage >= 0``: otherwise ordering
+    nothing, or as much as possible, is trivially optimal. ``info`` holds ``demand`` and
+    ``profit``. The observation is a constant zero.
     """
 
     metadata = {"render_modes": []}
@@ -31,30 +32,26 @@ class NewsvendorEnv(gym.Env):
         name = type(self).__name__
         self.max_order = check_int(name, "max_order", max_order, 1)
         self.demand_mean = check_float(name, "demand_mean", demand_mean, minimum=0.0, strict=True)
-        self.price = check_float(name, "price", price, minimum=0.0, strict=True)
-        self.cost = check_float(name, "cost", cost, minimum=0.0, strict=True)
         self.salvage = check_float(name, "salvage", salvage, minimum=0.0)
-        if not self.price > self.cost > self.salvage:
-            raise ValueError(
-                f"{name}: need price > cost > salvage, got price={price}, cost={cost}, salvage={salvage}"
-            )
+        self.cost = check_float(name, "cost", cost, minimum=self.salvage, strict=True, minimum_name="salvage")
+        self.price = check_float(name, "price", price, minimum=self.cost, strict=True, minimum_name="cost")
         self.action_space = gym.spaces.Discrete(self.max_order + 1)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
 
     def profit(self, q: int, d: int) -> float:
+        """The profit of ordering ``q`` units when the demand is ``d``."""
         return self.price * min(q, d) - self.cost * q + self.salvage * max(q - d, 0)
 
     def expected_profit(self, q: int) -> float:
-        """E[profit(q, d)] over the Poisson demand, the tail below 1e-12 left out."""
-        total, d, pmf = 0.0, 0, math.exp(-self.demand_mean)
-        while d <= self.demand_mean or pmf >= 1e-12:
-            total += pmf * self.profit(q, d)
-            d += 1
-            pmf *= self.demand_mean / d
-        return total
+        """E[profit(q, D)] for D ~ Poisson(demand_mean), exactly: the profit is flat for d >= q."""
+        log_mean = math.log(self.demand_mean)
+        pmf = [math.exp(d * log_mean - self.demand_mean - math.lgamma(d + 1)) for d in range(q)]
+        below = sum(p * self.profit(q, d) for d, p in enumerate(pmf))
+        return below + (1.0 - sum(pmf)) * self.profit(q, q)
 
     @property
     def optimal_order(self) -> int:
+        """The order in 0..max_order with the largest expected profit (the smallest on ties)."""
         return max(range(self.max_order + 1), key=self.expected_profit)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

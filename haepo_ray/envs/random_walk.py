@@ -11,8 +11,9 @@ from haepo_ray.envs._validation import check_int
 class RandomWalkEnv(gym.Env):
     """Start at 0, step -1 (action 0) or +1 (action 1); reward 1 on reaching ``+target``.
 
-    Reaching the target terminates the episode with return 1; otherwise it is truncated
-    after ``horizon`` steps with return 0. The walk is unbounded below. The observation is
+    Reaching the target terminates the episode with return 1 (``info["success"]``);
+    otherwise it is truncated after ``horizon`` (>= ``target``) steps with return 0. The
+    walk is deterministic and unbounded below. The observation is
     ``[position / target, steps_left / horizon]``.
     """
 
@@ -21,9 +22,9 @@ class RandomWalkEnv(gym.Env):
     def __init__(self, target: int = 10, horizon: int = 500):
         name = type(self).__name__
         self.target = check_int(name, "target", target, 1)
-        self.horizon = check_int(name, "horizon", horizon, 1)
+        self.horizon = check_int(name, "horizon", horizon, self.target, minimum_name="target")
         self.action_space = gym.spaces.Discrete(2)
-        low = -(self.horizon + 1) / self.target
+        low = -self.horizon / self.target
         self.observation_space = gym.spaces.Box(
             np.array([low, 0.0], np.float32), np.array([1.0, 1.0], np.float32), dtype=np.float32
         )
