@@ -39,6 +39,7 @@ def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
     from ray.tune.registry import get_trainable_cls
 
     from haepo_ray.envs import check_env_id
+    from haepo_ray.settings import apply_settings
 
     try:
         check_env_id(env)
@@ -49,11 +50,8 @@ def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
     except Exception:
         raise UsageError(f"unknown algorithm {algo!r}: use HAEPO or an RLlib name such as PPO") from None
     config = algo_cls.get_default_config().environment(env).debugging(seed=seed)
-    unknown = [k for k in overrides if not hasattr(config, k)]
-    if unknown:
-        raise UsageError(f"--set: {algo} has no setting(s) {unknown}")
-    config.update_from_dict(overrides)
     try:
+        apply_settings(config, overrides)
         config.validate()
     except ValueError as err:
         raise UsageError(str(err).split("\nTo suppress")[0]) from None
@@ -66,8 +64,8 @@ def _progress_line(result: dict[str, Any]) -> str:
     ret = runners.get("episode_return_mean", math.nan)
     parts = [
         f"iter {result['training_iteration']:5d}",
-        f"steps {runners.get('num_env_steps_sampled_lifetime', 0):>9,}",
-        f"episodes {runners.get('num_episodes_lifetime', 0):>7,}",
+        f"steps {int(runners.get('num_env_steps_sampled_lifetime', 0)):>9,}",
+        f"episodes {int(runners.get('num_episodes_lifetime', 0)):>7,}",
         f"return {ret:9.3f}",
     ]
     if "weight_entropy" in learner:
@@ -143,6 +141,10 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-dir", help="where to write the final checkpoint")
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
     train.set_defaults(func=cmd_train)
+
+    from haepo_ray.sweep.cli import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
     return parser
 
 

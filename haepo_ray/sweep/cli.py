@@ -1,0 +1,117 @@
+"""The ``haepo sweep`` sub-command.
+
+    haepo sweep SPEC [--address ADDR] [--tracking-uri URI] [--experiment NAME] [--resume]
+                     [--dry-run] [--storage-path PATH] [--no-tracking] [--quiet]
+
+Also runnable alone: ``python -m haepo_ray.sweep.cli SPEC ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    """Adds ``sweep`` to the ``haepo`` sub-command parsers."""
+    p = subparsers.add_parser(
+        "sweep",
+        help="run a Ray Tune sweep from a YAML spec (tune_configs/), tracked in MLflow",
+        description=(
+            "Run the Ray Tune sweep that SPEC describes (see tune_configs/smoke.yaml for the "
+            "format). Without --address it starts an embedded local Ray; MLflow logs one parent "
+            "run per sweep and one nested child run per trial."
+        ),
+    )
+    p.add_argument("spec", metavar="SPEC", help="a sweep spec, e.g. tune_configs/smoke.yaml")
+    p.add_argument("--address", metavar="ADDR",
+                   help="join this Ray cluster (auto: the one on this machine, or HOST:6379) "
+                        "instead of starting an embedded local Ray; from outside the cluster, "
+                        "submit the sweep as a Ray job (ray job submit -- haepo sweep SPEC "
+                        "--address auto)")
+    p.add_argument("--tracking-uri", metavar="URI",
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                        "sqlite:///<cwd>/.haepo/mlflow.db)")
+    p.add_argument("--experiment", metavar="NAME",
+                   help="experiment name: MLflow experiment and Ray results folder "
+                        "(default: the spec's name, i.e. its file name)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the newest run of this experiment (after a crash or kill): "
+                        "finished trials stay finished, the others restart from their last "
+                        "checkpoint, MLflow runs are reused")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the spec and print the resolved trials; run nothing")
+    p.add_argument("--storage-path", metavar="PATH",
+                   help="Ray results root (default: the spec's storage_path, else "
+                        "<cwd>/.haepo/ray_results); shared storage (NFS, s3://) on a multi-node cluster")
+    p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    p.add_argument("--quiet", action="store_true", help="no live trial table, only the summary")
+    p.set_defaults(func=cmd_sweep)
+
+
+def _usage_error(message: str) -> Exception:
+    try:
+        from haepo_ray.cli import UsageError
+    except ImportError:  # pragma: no cover
+        return SystemExit(f"haepo sweep: error: {message}")
+    return UsageError(message)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from haepo_ray.sweep.spec import SpecError, load_spec
+    from haepo_ray.sweep.tuner import SweepError, dry_run, run_sweep
+
+    _configure_logging()
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as err:
+        raise _usage_error(f"invalid spec\n{err}") from None
+    if args.dry_run:
+        try:
+            dry_run(spec, experiment=args.experiment, storage_path=args.storage_path,
+                    tracking_uri=args.tracking_uri, address=args.address)
+        except SpecError as err:
+            raise _usage_error(str(err)) from None
+        return 0
+    try:
+        result = run_sweep(
+            spec,
+            address=args.address,
+            tracking_uri=args.tracking_uri,
+            experiment=args.experiment,
+            resume=args.resume,
+            storage_path=args.storage_path,
+            track=not args.no_tracking,
+            verbose=0 if args.quiet else 1,
+            spec_text=Path(args.spec).read_text(),
+        )
+    except (SweepError, SpecError) as err:
+        raise _usage_error(str(err)) from None
+    return 1 if any(t.status == "ERROR" for t in result.trials) else 0
+
+
+def _configure_logging() -> None:
+    """Warnings of haepo_ray (MLflow trouble above all) go to stderr with a time stamp."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="haepo")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except Exception as err:
+        if type(err).__name__ == "UsageError":
+            print(f"haepo sweep: error: {err}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,646 @@
+"""Sweep specs: the YAML files in ``tune_configs/``, validated.
+
+A spec names one algorithm on one environment, its fixed settings, a search space, how to
+search it and when to stop. Every key is checked; an unknown or malformed one is an error
+that names the file, the key and what is allowed. The format::
+
+    name: smoke                    # experiment name (default: the file's stem); MLflow
+                                   # experiment and Ray results folder
+    description: free text
+    algorithm: HAEPO               # HAEPO, PPO or any algorithm registered with Ray Tune
+    env: haepo/ChainMDP-v0         # a haepo env id or a gymnasium id
+    env_config: {length: 5}        # kwargs of the env
+    settings:                      # fixed algorithm settings (AlgorithmConfig attributes,
+      num_env_runners: 0           # as `AlgorithmConfig.update_from_dict` takes them)
+      model_config: {fcnet_hiddens: [16]}
+      batch_size: 8                # alias: episodes_per_batch (HAEPO and other algorithms
+                                   # with that setting), else train_batch_size_per_learner
+    search_space:                  # each entry is exactly one of:
+      seed: {grid: [0, 1, 2]}      #   grid: [v, ...]          every value (a grid axis)
+      lr: {loguniform: [1e-4, 1e-1]}   #   choice: [v, ...]    one value drawn per trial
+      beta_ent: {uniform: [0, 0.1]}    #   uniform: [lo, hi]   / loguniform: [lo, hi] (lo > 0)
+      reward_normalization: {choice: [zscore, sum]}  #  randint: [lo, hi]  (hi excluded)
+      batch_size: {grid: [8, 16]}
+    search:
+      algorithm: grid              # grid (grid axes only), random (grid axes + draws), or
+      num_samples: 1               # optuna (Optuna TPE, no grid axes); num_samples: the grid
+      seed: 0                      # is repeated num_samples times / number of Optuna trials
+    scheduler:                     # FIFO (default), ASHA or Population Based Training
+      type: fifo                   # asha: max_t, grace_period, reduction_factor (iterations)
+                                   # pbt: perturbation_interval, mutations ({lr: {loguniform:
+                                   # [..]}, beta_ent: ..., beta_kl: ...}), quantile_fraction,
+                                   # resample_probability, seed
+    metric: env_runners/episode_return_mean   # any key of the result, "/"-nested
+    mode: max                      # max or min
+    stop:                          # any criterion that is met stops the trial (>=)
+      iterations: 10               # training_iteration
+      seconds: 60                  # time_total_s (wall-clock seconds of the trial)
+      env_steps: 100000            # env_runners/num_env_steps_sampled_lifetime
+      episode_return_mean: 0.95    # env_runners/episode_return_mean
+    resources: {cpus: 1, gpus: 0}  # per trial, for its main process (which holds the learner
+                                   # when num_learners == 0; remote env runners and learners
+                                   # add their own, see `haepo sweep --dry-run`). gpus may be
+                                   # a fraction
+    max_concurrent_trials: 2       # default: as many as the resources allow
+    reuse_actors: true             # run the next trial in a finished trial's process (no new
+                                   # process + imports per trial; see sweep/trainable.py)
+    max_failures: 0                # retries of a failed trial, from its last checkpoint
+    checkpoint_frequency: 0        # every N iterations (0: only at the end)
+    checkpoint_at_end: true
+    keep_checkpoints: null         # how many to keep per trial (null: all)
+    ray: {num_cpus: null, num_gpus: null}    # the embedded local Ray only (no --address)
+    storage_path: null             # Ray results root (default <cwd>/.haepo/ray_results); a
+                                   # shared path or URI (s3://...) on a multi-node cluster
+    tracking:
+      log_checkpoints: true        # upload each trial's final checkpoint to MLflow
+      metrics: [...]               # glob patterns of result keys logged every iteration
+                                   # (default: DEFAULT_METRICS in haepo_ray.tracking)
+
+Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats.
+
+:func:`load_spec` parses and checks a file (the structure with pydantic, then the algorithm,
+environment and setting names against RLlib); :func:`algo_config` builds the RLlib
+AlgorithmConfig of one trial.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import typing
+from collections.abc import Mapping
+from importlib import import_module
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
+SEARCH_ALGORITHMS = ("grid", "random", "optuna")
+BATCH_SIZE_ALIAS = "batch_size"
+
+# Friendly stop keys -> Tune's result keys.
+STOP_KEYS = {
+    "iterations": "training_iteration",
+    "seconds": "time_total_s",
+    "env_steps": "env_runners/num_env_steps_sampled_lifetime",
+    "episode_return_mean": "env_runners/episode_return_mean",
+}
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names the file, the key and what is allowed."""
+
+
+# --------------------------------------------------------------------------- YAML loading
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str, source: str = "<spec>") -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as err:
+        raise SpecError(f"{source}: not valid YAML: {err}") from None
+
+
+# --------------------------------------------------------------------------- the models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Dim(_Model):
+    """One search-space axis: ``{grid: [...]}``, ``{choice: [...]}``, ``{uniform: [lo, hi]}``,
+    ``{loguniform: [lo, hi]}`` or ``{randint: [lo, hi]}``; written in YAML as a one-key map."""
+
+    kind: Literal["grid", "choice", "uniform", "loguniform", "randint"]
+    values: list[Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_one_key_map(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and set(data) == {"kind", "values"}:
+            return data
+        if not isinstance(data, Mapping) or len(data) != 1:
+            raise ValueError(
+                f"must be a one-key map, one of {{grid: [...]}}, {{choice: [...]}}, "
+                f"{{uniform: [lo, hi]}}, {{loguniform: [lo, hi]}}, {{randint: [lo, hi]}}; "
+                f"got {data!r} (fixed values go under settings)"
+            )
+        (kind, values), = data.items()
+        if kind not in DIST_KINDS:
+            raise ValueError(f"unknown kind {kind!r}; allowed: {', '.join(DIST_KINDS)}")
+        return {"kind": kind, "values": values}
+
+    @model_validator(mode="after")
+    def _check_values(self) -> Dim:
+        v = self.values
+        if self.kind in ("grid", "choice"):
+            if not v:
+                raise ValueError(f"{self.kind} needs at least one value")
+            return self
+        if len(v) != 2 or not all(_is_number(x) for x in v):
+            raise ValueError(f"{self.kind} needs [low, high] (two numbers), got {v!r}")
+        lo, hi = v
+        if not lo < hi:
+            raise ValueError(f"{self.kind} needs low < high, got {v!r}")
+        if self.kind == "loguniform" and lo <= 0:
+            raise ValueError(f"loguniform needs 0 < low, got {v!r}")
+        if self.kind == "randint" and not all(isinstance(x, int) for x in v):
+            raise ValueError(f"randint needs integers, got {v!r}")
+        return self
+
+    def to_tune(self) -> Any:
+        from ray import tune
+
+        if self.kind == "grid":
+            return tune.grid_search(list(self.values))
+        if self.kind == "choice":
+            return tune.choice(list(self.values))
+        if self.kind == "uniform":
+            return tune.uniform(*self.values)
+        if self.kind == "loguniform":
+            return tune.loguniform(*self.values)
+        return tune.randint(*self.values)
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.values}"
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class SearchSettings(_Model):
+    algorithm: Literal["grid", "random", "optuna"] = "grid"
+    num_samples: int = Field(1, ge=1)
+    seed: int | None = None
+
+
+class FIFOScheduler(_Model):
+    type: Literal["fifo"] = "fifo"
+
+
+class ASHAScheduler(_Model):
+    type: Literal["asha"]
+    max_t: int = Field(100, ge=1, description="iterations a trial may run at most")
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(4.0, gt=1)
+
+
+class PBTScheduler(_Model):
+    type: Literal["pbt"]
+    perturbation_interval: int = Field(5, ge=1, description="iterations between exploits")
+    mutations: dict[str, Dim]
+    quantile_fraction: float = Field(0.25, gt=0, le=0.5)
+    resample_probability: float = Field(0.25, ge=0, le=1)
+    seed: int | None = None
+
+    @field_validator("mutations")
+    @classmethod
+    def _not_empty(cls, v: dict[str, Dim]) -> dict[str, Dim]:
+        if not v:
+            raise ValueError("pbt needs at least one mutation, e.g. lr: {loguniform: [1e-4, 1e-1]}")
+        for key, dim in v.items():
+            if dim.kind == "grid":
+                raise ValueError(f"{key}: pbt mutations take choice/uniform/loguniform/randint, not grid")
+        return v
+
+
+Scheduler = Annotated[
+    Union[FIFOScheduler, ASHAScheduler, PBTScheduler], Field(discriminator="type")
+]
+
+
+class StopSpec(_Model):
+    iterations: int | None = Field(None, ge=1)
+    seconds: float | None = Field(None, gt=0)
+    env_steps: int | None = Field(None, ge=1)
+    episode_return_mean: float | None = None
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> StopSpec:
+        if all(getattr(self, k) is None for k in STOP_KEYS):
+            raise ValueError(f"give at least one stop criterion: {', '.join(STOP_KEYS)}")
+        return self
+
+    def to_tune(self) -> dict[str, float]:
+        """Tune's stop dict: a trial stops when any result key reaches its value."""
+        return {STOP_KEYS[k]: getattr(self, k) for k in STOP_KEYS if getattr(self, k) is not None}
+
+
+class Resources(_Model):
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+
+
+class RaySettings(_Model):
+    num_cpus: int | None = Field(None, ge=1)
+    num_gpus: int | None = Field(None, ge=0)
+
+
+class TrackingSettings(_Model):
+    log_checkpoints: bool = True
+    metrics: list[str] | None = None
+
+
+class SweepSpec(_Model):
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    algorithm: str
+    env: str
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, Dim] = Field(default_factory=dict)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    scheduler: Scheduler = Field(default_factory=FIFOScheduler)
+    metric: str = "env_runners/episode_return_mean"
+    mode: Literal["max", "min"] = "max"
+    stop: StopSpec
+    resources: Resources = Field(default_factory=Resources)
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    reuse_actors: bool = True
+    max_failures: int = Field(0, ge=-1)
+    checkpoint_frequency: int = Field(0, ge=0)
+    checkpoint_at_end: bool = True
+    keep_checkpoints: int | None = Field(None, ge=1)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    storage_path: str | None = None
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+
+    # Not part of the YAML: where the spec came from.
+    source: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _search_fits_space(self) -> SweepSpec:
+        kinds = {k: d.kind for k, d in self.search_space.items()}
+        if self.search.algorithm == "grid":
+            bad = [k for k, kind in kinds.items() if kind != "grid"]
+            if bad:
+                raise ValueError(
+                    f"search.algorithm grid takes grid axes only; {bad} are not grids: "
+                    "use search.algorithm random (grid axes + random draws) or optuna"
+                )
+        if self.search.algorithm == "optuna":
+            bad = [k for k, kind in kinds.items() if kind == "grid"]
+            if bad:
+                raise ValueError(
+                    f"search.algorithm optuna takes no grid axes; {bad} are grids: "
+                    "write them as choice"
+                )
+            if isinstance(self.scheduler, PBTScheduler):
+                raise ValueError("scheduler pbt needs search.algorithm grid or random, not optuna")
+        return self
+
+    @property
+    def experiment(self) -> str:
+        return self.name or "sweep"
+
+    def stop_dict(self) -> dict[str, float]:
+        return self.stop.to_tune()
+
+    def resolved_yaml(self) -> str:
+        """The spec with every default filled in, as YAML (the MLflow parent artifact)."""
+        data = self.model_dump(mode="json")
+        data["search_space"] = {k: {d["kind"]: d["values"]} for k, d in data["search_space"].items()}
+        if data["scheduler"].get("mutations"):
+            data["scheduler"]["mutations"] = {
+                k: {d["kind"]: d["values"]} for k, d in data["scheduler"]["mutations"].items()
+            }
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _annotation_models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through Optional/Union/Annotated)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _annotation_models(typing.get_args(annotation)[0])
+    if origin is Union or (origin is not None and str(origin) == "types.UnionType"):
+        out: list[type[BaseModel]] = []
+        for arg in typing.get_args(annotation):
+            out += _annotation_models(arg)
+        return out
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def _allowed_keys(loc: tuple) -> list[str] | None:
+    """Field names allowed at ``loc`` (the location of the parent mapping of a bad key)."""
+    model: type[BaseModel] = SweepSpec
+    i = 0
+    while i < len(loc):
+        part = loc[i]
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]
+            i += 1  # skip the dict key
+        models = _annotation_models(annotation)
+        if not models:
+            return None
+        if len(models) > 1:  # a discriminated union: the next loc element is the tag
+            if i + 1 >= len(loc):
+                return None
+            tag = loc[i + 1]
+            models = [m for m in models if m.model_fields.get("type") is not None
+                      and m.model_fields["type"].annotation == Literal[tag]]
+            if not models:
+                return None
+            i += 1
+        model = models[0]
+        i += 1
+    return [k for k in model.model_fields if k != "source"]
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        # The scheduler's discriminator tag (fifo/asha/pbt) is in pydantic's loc, not in the file.
+        shown = loc[:1] + loc[2:] if len(loc) >= 2 and loc[0] == "scheduler" and loc[1] in (
+            "fifo", "asha", "pbt") else loc
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            msg = f"unknown key {loc[-1]!r}"
+            if allowed is not None:
+                close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+                msg += (f" (did you mean {close[0]!r}?)" if close else "") + f"; allowed: {', '.join(allowed)}"
+        elif e["type"] == "missing":
+            msg = "required key missing"
+        elif e["type"] == "union_tag_invalid":
+            msg = f"unknown type {e.get('input', {}).get('type')!r}; allowed: fifo, asha, pbt"
+        elif e["type"] == "union_tag_not_found":
+            msg = "needs a type: fifo, asha or pbt"
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {_format_loc(shown)}: {msg}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- algorithm checks
+
+
+class UnknownAlgorithm(LookupError):
+    pass
+
+
+def _config_class_defaults(algorithm: str):
+    if algorithm == "HAEPO":
+        import haepo_ray.algorithm  # noqa: F401  (registers "HAEPO" with Tune)
+    from ray.tune.registry import get_trainable_cls
+
+    try:
+        cls = get_trainable_cls(algorithm)
+    except Exception:
+        try:  # the baselines (DPO, GRPO) register themselves when imported
+            import_module("haepo_ray.baselines")
+            cls = get_trainable_cls(algorithm)
+        except Exception:
+            raise UnknownAlgorithm(algorithm) from None
+    if not hasattr(cls, "get_default_config"):
+        raise TypeError(f"{algorithm} is not an RLlib algorithm")
+    return cls, cls.get_default_config()
+
+
+def _known_algorithms() -> list[str]:
+    names = ["HAEPO"]
+    try:
+        from ray.rllib.algorithms.registry import ALGORITHMS
+
+        names += sorted(ALGORITHMS)
+    except Exception:  # pragma: no cover - registry layout changed
+        names += ["PPO"]
+    return names
+
+
+def setting_keys(config) -> dict[str, str]:
+    """Public setting name -> key in ``config.to_dict()`` (what a trial's config holds)."""
+    keys: dict[str, str] = {}
+    for key in config.to_dict():
+        if key.startswith("_"):
+            public = key[1:]
+            if isinstance(getattr(type(config), public, None), property):
+                keys[public] = key
+            keys[key] = key
+        else:
+            keys[key] = key
+    return keys
+
+
+def batch_size_key(config) -> str:
+    """What the ``batch_size`` alias means for this algorithm."""
+    return "episodes_per_batch" if hasattr(config, "episodes_per_batch") else "train_batch_size_per_learner"
+
+
+def _public_settings(keys: dict[str, str]) -> list[str]:
+    return sorted(k for k in keys if not k.startswith("_"))
+
+
+def check_algorithm(spec: SweepSpec, source: str) -> None:
+    """Checks the algorithm, env and every setting name against RLlib; raises SpecError."""
+    try:
+        _, config = _config_class_defaults(spec.algorithm)
+    except (UnknownAlgorithm, TypeError):
+        raise SpecError(
+            f"{source}: algorithm: unknown algorithm {spec.algorithm!r}; allowed: "
+            f"{', '.join(_known_algorithms())}"
+        ) from None
+
+    try:
+        from haepo_ray.envs import check_env_id
+    except ImportError:  # pragma: no cover - envs package missing
+        check_env_id = None
+    if check_env_id is not None:
+        try:
+            check_env_id(spec.env)
+        except Exception as err:
+            raise SpecError(f"{source}: env: {err}") from None
+    try:
+        _make_env(spec.env, spec.env_config).close()
+    except Exception as err:
+        raise SpecError(f"{source}: env_config: {spec.env} does not take {spec.env_config}: "
+                        f"{type(err).__name__}: {err}") from None
+
+    keys = setting_keys(config)
+    alias_target = batch_size_key(config)
+    errors = []
+    for section, names in (
+        ("settings", list(spec.settings)),
+        ("search_space", list(spec.search_space)),
+        ("scheduler.mutations", list(getattr(spec.scheduler, "mutations", {}) or {})),
+    ):
+        for name in names:
+            if name == BATCH_SIZE_ALIAS:
+                continue
+            if name in ("env", "env_config"):
+                errors.append(f"{source}: {section}.{name}: set the environment with the top-level "
+                              f"keys env and env_config")
+                continue
+            if name not in keys:
+                close = difflib.get_close_matches(name, _public_settings(keys), n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                errors.append(
+                    f"{source}: {section}.{name}: {spec.algorithm} has no setting {name!r}{hint}; "
+                    f"allowed: the attributes of {type(config).__name__} (e.g. lr, gamma, "
+                    f"{alias_target}, num_env_runners, model_config), or batch_size"
+                )
+    for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space)):
+        if BATCH_SIZE_ALIAS in mapping and alias_target in mapping:
+            errors.append(f"{source}: {section}: give either batch_size or {alias_target}, not both")
+    both = (set(spec.settings) & set(spec.search_space)) - {BATCH_SIZE_ALIAS}
+    for name in sorted(both):
+        errors.append(f"{source}: {name}: in both settings and search_space; keep one")
+    if errors:
+        raise SpecError("\n".join(errors))
+
+    # The fixed part must already make a valid config (each trial is checked in dry-run).
+    try:
+        algo_config(spec, {})
+    except SpecError as err:
+        raise SpecError(f"{source}: settings: {err}") from None
+
+
+def _make_env(env_id: str, env_config: dict[str, Any]):
+    """One env as a trial would make it (Tune's env registry first, then gymnasium)."""
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if _global_registry.contains(ENV_CREATOR, env_id):
+        return _global_registry.get(ENV_CREATOR, env_id)(dict(env_config))
+    import gymnasium as gym
+
+    return gym.make(env_id, **env_config)
+
+
+# --------------------------------------------------------------------------- building configs
+
+
+def _normalise_setting_names(config, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Maps ``batch_size`` and property names (``model_config``) to the config's own keys."""
+    keys = setting_keys(config)
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name == BATCH_SIZE_ALIAS:
+            name = batch_size_key(config)
+        out[keys.get(name, name)] = value
+    return out
+
+
+def algo_config(spec: SweepSpec, values: Mapping[str, Any] | None = None, *, validate: bool = True):
+    """The RLlib AlgorithmConfig of one trial: defaults, env, settings, resources, then
+    ``values`` (one point of the search space, by setting name)."""
+    _, config = _config_class_defaults(spec.algorithm)
+    config.environment(spec.env, env_config=dict(spec.env_config))
+    _apply_resources(config, spec.resources)
+    config.update_from_dict(_normalise_setting_names(config, spec.settings))
+    if values:
+        config.update_from_dict(_normalise_setting_names(config, values))
+    if validate:
+        try:
+            config.validate()
+        except Exception as err:
+            raise SpecError(str(err).split("\nTo suppress")[0]) from None
+    return config
+
+
+def _apply_resources(config, resources: Resources) -> None:
+    """``resources`` -> the trial's main process (and its local learner when num_learners=0).
+
+    Settings may still override these (num_cpus_for_main_process, num_gpus_per_learner, ...).
+    """
+    config.resources(num_cpus_for_main_process=resources.cpus)
+    config.learners(num_gpus_per_learner=resources.gpus)
+    if resources.gpus == 0:
+        config.learners(num_cpus_per_learner=resources.cpus)
+
+
+def param_space(spec: SweepSpec) -> dict[str, Any]:
+    """Tune's ``param_space``: the trial config dict, search axes as Tune domains."""
+    config = algo_config(spec, {}, validate=False)
+    space = config.to_dict()
+    for key, dim in _normalise_setting_names(config, spec.search_space).items():
+        space[key] = dim.to_tune()
+    return space
+
+
+def search_keys(spec: SweepSpec) -> dict[str, str]:
+    """Spec search-space name -> key in the trial config (e.g. batch_size -> episodes_per_batch)."""
+    _, config = _config_class_defaults(spec.algorithm)
+    return {name: next(iter(_normalise_setting_names(config, {name: None}))) for name in spec.search_space}
+
+
+def mutation_space(spec: SweepSpec) -> dict[str, Any]:
+    """PBT's ``hyperparam_mutations`` (config keys -> Tune domains / lists)."""
+    _, config = _config_class_defaults(spec.algorithm)
+    out: dict[str, Any] = {}
+    for key, dim in _normalise_setting_names(config, spec.scheduler.mutations).items():
+        out[key] = list(dim.values) if dim.kind == "choice" else dim.to_tune()
+    return out
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def parse_spec(data: Any, source: str = "<spec>", *, check: bool = True) -> SweepSpec:
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{source}: a spec is a YAML mapping (key: value), got {type(data).__name__}")
+    try:
+        spec = SweepSpec.model_validate(dict(data))
+    except ValidationError as err:
+        raise SpecError(_format_validation_error(err, source)) from None
+    spec.source = source
+    if spec.name is None and source not in ("<spec>", ""):
+        spec.name = Path(source).stem
+    if check:
+        check_algorithm(spec, source)
+    return spec
+
+
+def load_spec(path: str | Path, *, check: bool = True) -> SweepSpec:
+    """Reads and validates a sweep spec; raises :class:`SpecError` naming file, key, allowed.
+
+    ``check=False`` skips the checks that import RLlib (algorithm, env, setting names).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read the spec: {err.strerror or err}") from None
+    spec = parse_spec(load_yaml(text, str(path)), str(path), check=check)
+    return spec

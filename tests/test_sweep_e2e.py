@@ -1,0 +1,372 @@
+"""``haepo sweep`` end to end on a real local Ray with a real SQLite MLflow store.
+
+- the smoke sweep (tune_configs/smoke.yaml): parent run, one child per trial with params,
+  per-iteration metrics, tags, checkpoint; the printed best-trial summary matches MLflow;
+- a trial whose env raises once: retried from its checkpoint, one MLflow run;
+- the driver killed mid-sweep (SIGKILL), then ``--resume``: every trial completes once, no
+  duplicate MLflow runs or steps.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from ray import cloudpickle
+
+from haepo_ray.envs import ChainMDPEnv
+from haepo_ray.sweep.spec import load_spec, parse_spec
+from haepo_ray.sweep.tuner import format_summary, planned_trials, run_sweep
+from haepo_ray.tracking import find_sweep_runs
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "tune_configs" / "smoke.yaml"
+METRIC = "env_runners/episode_return_mean"
+ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
+
+# The flaky env below is defined in this test module, which Ray's workers cannot import.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
+                          checkpoints: bool = True) -> None:
+    """The MLflow side of a finished sweep: one parent, exactly one child per trial, each
+    with its params, tags, per-iteration metrics with increasing steps and its checkpoint;
+    the sweep's summary (``result``) agrees with what MLflow holds."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    parent, children = find_sweep_runs(uri, experiment, result.parent_run_id)
+    assert parent.data.tags["haepo.role"] == "sweep"
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"spec.yaml", "summary.json"}
+    assert parent.data.params["algorithm"] == "HAEPO"
+
+    by_trial: dict[str, list] = {}
+    for child in children:
+        by_trial.setdefault(child.data.tags["haepo.trial_id"], []).append(child)
+    assert sorted(by_trial) == sorted(t.trial_id for t in result.trials)
+    assert all(len(runs) == 1 for runs in by_trial.values()), "duplicate child runs"
+
+    for trial in result.trials:
+        (child,) = by_trial[trial.trial_id]
+        run_id = child.info.run_id
+        assert trial.run_id == run_id
+        assert child.info.status == "FINISHED"
+        tags = child.data.tags
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["haepo.algorithm"] == "HAEPO"
+        assert tags["haepo.env"] == "haepo/ChainMDP-v0"
+        assert tags["haepo.seed"] == str(trial.values["seed"])
+        assert tags["haepo.node_ip"] and tags["haepo.hostname"]
+        params = child.data.params
+        assert float(params["lr"]) == trial.values["lr"]
+        assert params["seed"] == str(trial.values["seed"])
+        assert params["episodes_per_batch"] == "8"
+        assert params["env_config/length"] == "5"
+        assert params["_model_config/fcnet_hiddens"] == "[16]"
+
+        history = sorted(client.get_metric_history(run_id, "training_iteration"), key=lambda m: m.step)
+        steps = [m.step for m in history]
+        assert steps == list(range(1, iterations + 1))
+        assert [m.value for m in history] == steps
+        for key in ("time_total_s", ENV_STEPS):
+            history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+            assert [m.step for m in history] == steps, key
+            values = [m.value for m in history]
+            assert values == sorted(values) and values[-1] > values[0], key
+        assert "learners/default_policy/weight_entropy" in child.data.metrics
+        if checkpoints:
+            files = {a.path for a in client.list_artifacts(run_id, "checkpoint")}
+            assert "checkpoint/rllib_checkpoint.json" in files
+
+        # The summary's value is the trial's last reported metric, which MLflow holds too.
+        assert math.isclose(child.data.metrics[METRIC], trial.value, rel_tol=1e-9)
+
+    best = result.best
+    assert parent.data.tags["haepo.best_trial_id"] == best.trial_id
+    assert parent.data.tags["haepo.best_run_id"] == best.run_id
+    assert math.isclose(parent.data.metrics[f"best/{METRIC}"], best.value)
+    mlflow_best = max(children, key=lambda r: r.data.metrics[METRIC]).data.metrics[METRIC]
+    assert math.isclose(best.value, mlflow_best)
+
+
+def test_smoke_sweep_sqlite(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = load_spec(SMOKE)
+    out = io.StringIO()
+    result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=out,
+                       spec_text=SMOKE.read_text())
+
+    assert len(result.trials) == 4
+    assert {(t.values["lr"], t.values["seed"]) for t in result.trials} == {
+        (lr, seed) for lr in (0.05, 0.1) for seed in (0, 1)}
+    assert all(t.status == "TERMINATED" and t.iterations == 8 for t in result.trials)
+    assert not result.not_logged
+    check_sweep_in_mlflow(uri, "smoke", result, iterations=8)
+
+    printed = out.getvalue()
+    assert f"MLflow tracking URI: {uri}" in printed
+    assert result.parent_run_id in printed
+    assert format_summary(result) in printed
+    assert all(t.run_id in printed for t in result.trials)
+    summary = json.loads((Path(result.run_dir) / "haepo_summary.json").read_text())
+    assert summary["best_trial_id"] == result.best.trial_id
+
+
+# --------------------------------------------------------------------------- failure injection
+
+
+class FlakyChainEnv(ChainMDPEnv):
+    """The chain MDP, raising once at its ``fail_at``-th step (a marker file remembers)."""
+
+    def __init__(self, fail_at: int, marker: str, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_at, self.marker, self.steps = fail_at, marker, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.fail_at and not os.path.exists(self.marker):
+            Path(self.marker).write_text("failed once")
+            raise RuntimeError(f"injected failure at env step {self.steps}")
+        return super().step(action)
+
+
+def _flaky_env(config):
+    return FlakyChainEnv(**config)
+
+
+def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypatch):
+    from ray.tune.registry import register_env
+
+    monkeypatch.chdir(tmp_path)
+    register_env("haepo-test/FlakyChain-v0", _flaky_env)
+    marker = tmp_path / "failed"
+    spec = parse_spec({
+        "name": "flaky",
+        "algorithm": "HAEPO",
+        "env": "haepo-test/FlakyChain-v0",
+        "env_config": {"length": 3, "fail_at": 40, "marker": str(marker)},
+        "settings": {"num_env_runners": 0, "batch_size": 4, "lr": 0.05, "seed": 3,
+                     "model_config": {"fcnet_hiddens": [8]}},
+        "search": {"algorithm": "grid"},
+        "stop": {"iterations": 7},
+        "max_failures": 2,
+        "checkpoint_frequency": 1,
+    }, "flaky.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
+
+    assert marker.exists(), "the injected failure did not happen"
+    (trial,) = result.trials
+    assert trial.status == "TERMINATED"
+    assert trial.num_failures == 1
+    assert trial.iterations == 7
+    last = result.result_grid[0].metrics
+    # Restored from a checkpoint, not started over: fewer iterations since the restore.
+    assert last["iterations_since_restore"] < last["training_iteration"] == 7
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    _, children = find_sweep_runs(uri, "flaky", result.parent_run_id)
+    assert len(children) == 1
+    (child,) = children
+    assert child.data.tags["haepo.trial_id"] == trial.trial_id
+    assert child.data.tags["haepo.num_failures"] == "1"
+    assert child.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "training_iteration"))
+    assert steps == list(range(1, 8))
+
+
+# --------------------------------------------------------------------------- driver killed
+
+
+def _metric_rows(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("select count(*) from metrics where key = 'training_iteration'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _sweep_cmd(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "haepo_ray.sweep.cli", str(spec), "--tracking-uri", uri,
+            "--storage-path", str(results), "--address", address, "--quiet", *extra]
+
+
+def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path):
+    spec_data = yaml.safe_load(SMOKE.read_text())
+    spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2)
+    spec_data["stop"] = {"iterations": 10}
+    # Slow the iterations down so that the kill lands mid-sweep.
+    spec_data["settings"]["min_time_s_per_iteration"] = 0.4
+    spec_path = tmp_path / "resumable.yaml"
+    spec_path.write_text(yaml.safe_dump(spec_data))
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    results = tmp_path / "results"
+    address = ray_session.get_runtime_context().gcs_address
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env["PYTHONUNBUFFERED"] = "1"
+
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen(_sweep_cmd(spec_path, uri, results, address), cwd=tmp_path, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            states = list(results.glob("resumable/*/experiment_state-*.json"))
+            if states and _metric_rows(db) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the sweep ended before it could be killed:\n" + (tmp_path / "first.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no trial reported in time"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        log.close()
+    rows_before = _metric_rows(db)
+    assert rows_before >= 3
+
+    second = subprocess.run(_sweep_cmd(spec_path, uri, results, address, "--resume"), cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "(resuming)" in second.stdout
+
+    (run_dir,) = list(results.glob("resumable/*"))
+    assert not (run_dir / "mlflow_not_logged.jsonl").exists(), (run_dir / "mlflow_not_logged.jsonl").read_text()
+    summary = json.loads((run_dir / "haepo_summary.json").read_text())
+    trials = summary["trials"]
+    assert len(trials) == 4
+    assert all(t["status"] == "TERMINATED" and t["iterations"] == 10 for t in trials), trials
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("resumable")
+    parents = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
+    assert len(parents) == 1, "a second parent run was created on resume"
+    assert parents[0].info.status == "FINISHED"
+    _, children = find_sweep_runs(uri, "resumable", parents[0].info.run_id)
+    assert sorted(c.data.tags["haepo.trial_id"] for c in children) == sorted(t["trial_id"] for t in trials)
+    # The resumed driver's summary names the runs, those made before the kill included.
+    assert {t["trial_id"]: t["run_id"] for t in trials} == {
+        c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}
+    all_runs = client.search_runs([exp.experiment_id])
+    assert len(all_runs) == 1 + len(trials), "duplicate runs in MLflow"
+    for child in children:
+        assert child.info.status == "FINISHED"
+        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "training_iteration"))
+        assert len(steps) == len(set(steps)), f"duplicate steps {steps}"
+        assert steps[-1] == 10
+        assert {a.path for a in client.list_artifacts(child.info.run_id)} == {"checkpoint"}
+
+
+# --------------------------------------------------------------------------- other algorithms,
+# searchers and schedulers
+
+
+def _tiny(**overrides) -> dict:
+    data = {
+        "algorithm": "HAEPO",
+        "env": "haepo/ChainMDP-v0",
+        "env_config": {"length": 3},
+        "settings": {"num_env_runners": 0, "batch_size": 4, "model_config": {"fcnet_hiddens": [8]}},
+        "stop": {"iterations": 4},
+        "max_concurrent_trials": 2,
+    }
+    data.update(overrides)
+    return data
+
+
+def test_ppo_sweep_on_a_haepo_env(ray_session, tmp_path, monkeypatch):
+    """RLlib's PPO runs from a spec too; its trials make the haepo envs; batch_size is its
+    train_batch_size_per_learner."""
+    monkeypatch.chdir(tmp_path)
+    spec = parse_spec(_tiny(name="ppo", algorithm="PPO",
+                            settings={"num_env_runners": 0, "batch_size": 64, "minibatch_size": 32,
+                                      "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}},
+                            search_space={"lr": {"grid": [1e-3, 3e-3]}}, stop={"iterations": 2}),
+                      "ppo.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 2)] * 2
+    _, children = find_sweep_runs(uri, "ppo", result.parent_run_id)
+    assert len(children) == 2
+    for child in children:
+        assert child.data.tags["haepo.algorithm"] == "PPO"
+        assert child.data.params["_train_batch_size_per_learner"] == "64"
+        assert child.data.metrics["env_runners/num_env_steps_sampled_lifetime"] >= 128
+
+
+def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = parse_spec(_tiny(
+        name="optuna",
+        search_space={"lr": {"loguniform": [1e-3, 1e-1]}, "beta_ent": {"uniform": [0.0, 0.1]},
+                      "reward_normalization": {"choice": ["zscore", "sum"]}},
+        search={"algorithm": "optuna", "num_samples": 4, "seed": 0},
+        scheduler={"type": "asha", "max_t": 3, "grace_period": 1, "reduction_factor": 2},
+        stop={"iterations": 10},
+    ), "optuna.yaml")
+    out = io.StringIO()
+    result = run_sweep(spec, track=False, storage_path=str(tmp_path / "results"), out=out)
+    assert len(result.trials) == 4
+    assert all(t.status == "TERMINATED" for t in result.trials)
+    assert len({t.values["lr"] for t in result.trials}) == 4  # Optuna suggested 4 points
+    assert all(1e-3 <= t.values["lr"] <= 1e-1 for t in result.trials)
+    assert all(t.values["reward_normalization"] in ("zscore", "sum") for t in result.trials)
+    # ASHA is in charge: it stops every trial by max_t = 3 (the stop criterion says 10), some
+    # maybe earlier at its rungs.
+    assert all(1 <= t.iterations <= 3 for t in result.trials)
+    assert max(t.iterations for t in result.trials) == 3
+
+
+def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mutations = {"lr": {"loguniform": [1e-3, 1e-1]}, "beta_ent": {"loguniform": [1e-3, 1e-1]},
+                 "beta_kl": {"choice": [0.0, 0.01, 0.1]}}
+    spec = parse_spec(_tiny(
+        name="pbt",
+        search_space={**mutations, "seed": {"grid": [0, 1, 2, 3]}},
+        search={"algorithm": "random", "seed": 0},
+        scheduler={"type": "pbt", "perturbation_interval": 2, "mutations": mutations, "seed": 0,
+                   "quantile_fraction": 0.5, "resample_probability": 0.5},
+        stop={"iterations": 6},
+        checkpoint_frequency=2,
+    ), "pbt.yaml")
+    planned = {tuple(sorted(t.values.items())) for t in planned_trials(spec)}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 6)] * 4
+    # The dry run showed the values the sweep started from.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    _, children = find_sweep_runs(uri, "pbt", result.parent_run_id)
+    assert len(children) == 4
+    started = {tuple(sorted({"lr": float(c.data.params["lr"]), "beta_ent": float(c.data.params["beta_ent"]),
+                             "beta_kl": float(c.data.params["beta_kl"]),
+                             "seed": int(c.data.params["seed"])}.items())) for c in children}
+    assert started == planned
+    # The values in use are logged every iteration; PBT changed some of them.
+    changed = 0
+    for child in children:
+        history = client.get_metric_history(child.info.run_id, "config/lr")
+        assert len(history) >= 3
+        changed += len({m.value for m in history}) > 1
+    assert changed >= 1

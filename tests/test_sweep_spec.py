@@ -1,0 +1,232 @@
+"""Sweep specs: every spec in tune_configs/ validates and dry-runs; malformed specs are
+refused with errors that name the file, the key and what is allowed."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from haepo_ray.sweep.spec import SpecError, load_spec, param_space, parse_spec
+from haepo_ray.sweep.tuner import dry_run, planned_trials
+
+REPO = Path(__file__).resolve().parents[1]
+SPECS = sorted((REPO / "tune_configs").glob("*.yaml"))
+
+# Trials each spec must plan (the paper's grids).
+EXPECTED_TRIALS = {
+    "smoke": 4,
+    "bandit_k10": 45, "bandit_k20": 45, "bandit_k30": 45,
+    "random_walk_n10": 5, "random_walk_n20": 5,
+    "cartpole_haepo": 5, "cartpole_haepo_noreg": 5, "cartpole_ppo": 5, "cartpole_pbt": 8,
+    "chain_mdp": 10, "newsvendor": 10,
+}
+
+
+def test_the_paper_experiments_are_all_there():
+    assert {p.stem for p in SPECS} >= set(EXPECTED_TRIALS)
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_every_spec_validates_and_dry_runs(path, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(path)
+    assert spec.name == path.stem
+    out = io.StringIO()
+    trials = dry_run(spec, out=out)
+    text = out.getvalue()
+    assert f"{spec.algorithm} on {spec.env}" in text
+    assert len(trials) == EXPECTED_TRIALS.get(path.stem, len(trials))
+    assert f"{len(trials)} trials:" in text
+    assert not (tmp_path / ".haepo").exists(), "a dry run must not write anything"
+
+
+def test_the_bandit_grid_is_the_papers():
+    spec = load_spec(REPO / "tune_configs" / "bandit_k20.yaml")
+    trials = planned_trials(spec)
+    assert {(t.values["lr"], t.values["batch_size"], t.values["seed"]) for t in trials} == {
+        (lr, m, s) for lr in (1e-3, 2e-3, 5e-3) for m in (8, 16, 32) for s in range(5)}
+    assert spec.env_config["num_arms"] == len(spec.env_config["arm_means"]) == 20
+    assert spec.stop_dict() == {"env_runners/num_env_steps_sampled_lifetime": 5000}
+    assert spec.settings["beta_ent"] == spec.settings["beta_kl"] == 0.05
+
+
+def test_smoke_dry_run_from_the_command_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "haepo_ray.sweep.cli", str(REPO / "tune_configs" / "smoke.yaml"),
+                           "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "4 trials:" in proc.stdout and "lr" in proc.stdout and "seed" in proc.stdout
+    assert not (tmp_path / ".haepo").exists()
+
+
+# --------------------------------------------------------------------------- the format
+
+
+def _spec(**overrides) -> dict:
+    data = {
+        "algorithm": "HAEPO",
+        "env": "haepo/ChainMDP-v0",
+        "env_config": {"length": 3},
+        "settings": {"num_env_runners": 0, "batch_size": 4},
+        "search_space": {"lr": {"grid": [1e-3, 2e-3]}, "seed": {"grid": [0, 1]}},
+        "stop": {"iterations": 2},
+    }
+    data.update(overrides)
+    return data
+
+
+def _write(tmp_path: Path, data: dict | str, name: str = "bad.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_numbers_like_1e_3_are_floats(tmp_path):
+    path = _write(tmp_path, "algorithm: HAEPO\nenv: haepo/ChainMDP-v0\nsettings: {lr: 1e-3}\n"
+                            "search_space: {beta_ent: {grid: [5e-2, 1e-1]}}\nstop: {iterations: 1}\n")
+    spec = load_spec(path)
+    assert spec.settings["lr"] == 1e-3
+    assert spec.search_space["beta_ent"].values == [0.05, 0.1]
+
+
+def test_batch_size_alias_and_property_names_map_to_the_config_keys():
+    haepo = parse_spec(_spec(search_space={"batch_size": {"grid": [8, 16]}},
+                             settings={"model_config": {"fcnet_hiddens": [16]}}), "a.yaml")
+    space = param_space(haepo)
+    assert space["episodes_per_batch"] == {"grid_search": [8, 16]}
+    assert space["_model_config"] == {"fcnet_hiddens": [16]}
+    ppo = parse_spec(_spec(algorithm="PPO", settings={"batch_size": 64, "minibatch_size": 32},
+                           search_space={"lr": {"loguniform": [1e-4, 1e-2]}}, search={"algorithm": "random"}),
+                     "b.yaml")
+    space = param_space(ppo)
+    assert space["_train_batch_size_per_learner"] == 64
+    assert type(space["lr"]).__name__ == "Float"
+
+
+def _error(tmp_path, data, name="bad.yaml") -> str:
+    path = _write(tmp_path, data, name)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert str(path) in message, message
+    return message
+
+
+def test_unknown_top_level_key_names_file_key_and_allowed(tmp_path):
+    message = _error(tmp_path, _spec(resourcs={"cpus": 1}))
+    assert "resourcs" in message and "did you mean 'resources'" in message
+    assert "allowed:" in message and "search_space" in message and "max_failures" in message
+
+
+def test_unknown_nested_keys(tmp_path):
+    message = _error(tmp_path, _spec(stop={"iterations": 2, "wallclock": 5}))
+    assert "stop.wallclock" in message and "iterations, seconds, env_steps, episode_return_mean" in message
+    message = _error(tmp_path, _spec(scheduler={"type": "asha", "grace": 2}))
+    assert "scheduler.grace" in message and "grace_period" in message
+    message = _error(tmp_path, _spec(scheduler={"type": "hyperband"}))
+    assert "scheduler" in message and "fifo, asha, pbt" in message
+
+
+def test_bad_search_space_entries(tmp_path):
+    message = _error(tmp_path, _spec(search_space={"lr": {"normal": [0, 1]}}))
+    assert "search_space.lr" in message and "grid, choice, uniform, loguniform, randint" in message
+    message = _error(tmp_path, _spec(search_space={"lr": 0.01}))
+    assert "search_space.lr" in message and "fixed values go under settings" in message
+    message = _error(tmp_path, _spec(search_space={"lr": {"loguniform": [0, 1]}}, search={"algorithm": "random"}))
+    assert "search_space.lr" in message and "0 < low" in message
+    message = _error(tmp_path, _spec(search_space={"lr": {"uniform": [1, 0.5]}}, search={"algorithm": "random"}))
+    assert "low < high" in message
+
+
+def test_search_algorithm_must_fit_the_space(tmp_path):
+    message = _error(tmp_path, _spec(search_space={"lr": {"uniform": [0.01, 0.1]}}))
+    assert "grid axes only" in message and "lr" in message
+    message = _error(tmp_path, _spec(search={"algorithm": "optuna", "num_samples": 4}))
+    assert "optuna takes no grid axes" in message
+    message = _error(tmp_path, _spec(search={"algorithm": "bayes"}))
+    assert "search.algorithm" in message and "'grid', 'random' or 'optuna'" in message
+
+
+def test_missing_stop_and_required_keys(tmp_path):
+    data = _spec()
+    del data["stop"], data["env"]
+    message = _error(tmp_path, data)
+    assert "stop: required key missing" in message and "env: required key missing" in message
+    message = _error(tmp_path, _spec(stop={}))
+    assert "at least one stop criterion" in message
+
+
+def test_unknown_algorithm_env_and_setting(tmp_path):
+    message = _error(tmp_path, _spec(algorithm="HAPEO"))
+    assert "algorithm: unknown algorithm 'HAPEO'" in message and "HAEPO" in message and "PPO" in message
+    message = _error(tmp_path, _spec(env="haepo/Chain-v9"))
+    assert "env:" in message and "haepo/ChainMDP-v0" in message
+    message = _error(tmp_path, _spec(env_config={"lenght": 3}))
+    assert "env_config: haepo/ChainMDP-v0 does not take {'lenght': 3}" in message and "lenght" in message
+    message = _error(tmp_path, _spec(settings={"episodes_per_bacth": 8}))
+    assert "settings.episodes_per_bacth" in message and "did you mean episodes_per_batch" in message
+    message = _error(tmp_path, _spec(search_space={"beta_ent": {"grid": [0.1]}}, algorithm="PPO"))
+    assert "search_space.beta_ent: PPO has no setting 'beta_ent'" in message
+
+
+def test_conflicting_settings(tmp_path):
+    message = _error(tmp_path, _spec(settings={"batch_size": 8, "episodes_per_batch": 8}))
+    assert "either batch_size or episodes_per_batch" in message
+    message = _error(tmp_path, _spec(settings={"lr": 0.1}))
+    assert "lr: in both settings and search_space" in message
+
+
+def test_invalid_setting_values_are_named(tmp_path):
+    message = _error(tmp_path, _spec(settings={"reward_normalization": "l2"}))
+    assert "settings" in message and "reward_normalization" in message and "zscore" in message
+    # A value that only a trial of the grid has: dry-run names the trial.
+    spec = parse_spec(_spec(search_space={"batch_size": {"grid": [4, 0]}}), "grid.yaml")
+    with pytest.raises(SpecError) as info:
+        dry_run(spec, out=io.StringIO())
+    assert "grid.yaml: trial 1 {'batch_size': 0}" in str(info.value)
+    assert "episodes_per_batch" in str(info.value)
+
+
+def test_pbt_mutations_are_checked(tmp_path):
+    message = _error(tmp_path, _spec(scheduler={"type": "pbt"}))
+    assert "scheduler.mutations: required key missing" in message
+    message = _error(tmp_path, _spec(scheduler={"type": "pbt", "mutations": {"lr": {"grid": [1, 2]}}}))
+    assert "not grid" in message
+    message = _error(tmp_path, _spec(scheduler={"type": "pbt", "mutations": {"beta_entropy": {"choice": [1, 2]}}}))
+    assert "scheduler.mutations.beta_entropy" in message and "beta_ent" in message
+
+
+def test_yaml_errors_and_non_mappings(tmp_path):
+    message = _error(tmp_path, "algorithm: HAEPO\nsettings: {lr: [1, 2}\n")
+    assert "not valid YAML" in message and "line" in message
+    message = _error(tmp_path, "- just\n- a list\n")
+    assert "a spec is a YAML mapping" in message
+    with pytest.raises(SpecError, match="cannot read the spec"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_cli_prints_named_errors_without_traceback(tmp_path):
+    path = _write(tmp_path, _spec(stop={"iterations": 2, "wallclock": 5}))
+    proc = subprocess.run([sys.executable, "-m", "haepo_ray.sweep.cli", str(path), "--dry-run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 2
+    assert f"{path}: stop.wallclock: unknown key 'wallclock'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_trial_resources_cpus_and_fractional_gpus():
+    from haepo_ray.sweep.tuner import trial_resources
+
+    spec = parse_spec(_spec(settings={"num_env_runners": 1, "batch_size": 4},
+                            resources={"cpus": 1, "gpus": 0.5}), "gpu.yaml")
+    # The trial's main process holds the learner (num_learners=0) and the GPU share; the env
+    # runner adds its own CPU.
+    assert trial_resources(spec) == {"CPU": 2.0, "GPU": 0.5}
+    spec = parse_spec(_spec(resources={"cpus": 2}), "cpu.yaml")
+    assert trial_resources(spec) == {"CPU": 2.0}

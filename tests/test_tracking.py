@@ -1,0 +1,204 @@
+"""MLflow tracking: URI resolution, the sweep against a real ``mlflow server`` over HTTP, and
+a tracking server that dies mid-sweep (the sweep finishes; a warning says what was not
+logged)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from ray import tune
+
+from haepo_ray import tracking
+from haepo_ray.sweep.spec import load_spec, parse_spec
+from haepo_ray.sweep.tuner import run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "tune_configs" / "smoke.yaml"
+
+
+# --------------------------------------------------------------------------- URI and helpers
+
+
+def test_tracking_uri_flag_then_env_then_embedded_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    default = tracking.resolve_tracking_uri(cwd=tmp_path)
+    assert default == f"sqlite:///{tmp_path.resolve()}/.haepo/mlflow.db"
+    assert (tmp_path / ".haepo").is_dir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.resolve_tracking_uri(cwd=tmp_path) == "http://127.0.0.1:5000"
+    assert tracking.resolve_tracking_uri("sqlite:///x.db", cwd=tmp_path) == "sqlite:///x.db"
+
+
+def test_sqlite_artifacts_live_next_to_the_database(tmp_path):
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    assert tracking.artifact_location_for(uri) == (tmp_path / "store" / "mlartifacts").as_uri()
+    assert tracking.artifact_location_for("http://127.0.0.1:5000") is None
+
+
+def test_metrics_are_selected_flattened_and_numeric():
+    result = {
+        "training_iteration": 3,
+        "time_total_s": 1.5,
+        "done": False,
+        "config": {"lr": 0.1},
+        "env_runners": {"episode_return_mean": 0.5, "num_env_steps_sampled_lifetime": 120,
+                        "agent_episode_returns_mean": {"default_agent": 0.5}},
+        "learners": {"default_policy": {"weight_entropy": 1.2, "note": "text"}},
+    }
+    metrics = tracking.select_metrics(result, tracking.DEFAULT_METRICS)
+    assert metrics == {
+        "training_iteration": 3.0,
+        "time_total_s": 1.5,
+        "env_runners/episode_return_mean": 0.5,
+        "env_runners/num_env_steps_sampled_lifetime": 120.0,
+        "learners/default_policy/weight_entropy": 1.2,
+    }
+    assert not any(k.startswith("config") for k in tracking.select_metrics(result, ["*"]))
+    assert tracking.sanitize_key("a:b/c d=e") == "a_b/c d_e"
+
+
+def test_unreachable_tracking_server_warns_and_does_not_raise(tmp_path, caplog):
+    port = _free_port()  # nothing listens there
+    cb = tracking.MLflowSweepCallback(f"http://127.0.0.1:{port}", "exp", "sweep-1",
+                                      sweep_dir=str(tmp_path), retries=1, backoff_s=0.05, timeout_s=2)
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
+        assert cb.start() is None
+        cb.close()
+    assert cb.not_logged and cb.not_logged[0].what == "experiment"
+    assert "runs without tracking" in caplog.text
+    assert (tmp_path / "mlflow_not_logged.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- mlflow server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MLflowServer:
+    """A real ``mlflow server`` on 127.0.0.1, in its own process group."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.db = root / "server.db"
+        self.log = open(root / "server.log", "w")
+        mlflow = Path(sys.executable).with_name("mlflow")
+        self.proc = subprocess.Popen(
+            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.db}",
+             "--artifacts-destination", str(root / "artifacts")],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"},
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("mlflow server exited:\n" + (root / "server.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.kill()
+        raise RuntimeError("mlflow server did not answer /health in 90 s")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.log.close()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    server = MLflowServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_smoke_sweep_remote_mlflow_server(ray_session, mlflow_server, tmp_path, monkeypatch):
+    from test_sweep_e2e import check_sweep_in_mlflow
+
+    monkeypatch.chdir(tmp_path)
+    result = run_sweep(load_spec(SMOKE), tracking_uri=mlflow_server.uri,
+                       storage_path=str(tmp_path / "results"), out=io.StringIO())
+    assert all(t.status == "TERMINATED" and t.iterations == 8 for t in result.trials)
+    assert not result.not_logged
+    check_sweep_in_mlflow(mlflow_server.uri, "smoke", result, iterations=8)
+    # The checkpoints went through the server to its artifact store.
+    assert list((tmp_path / "artifacts").rglob("rllib_checkpoint.json"))
+
+
+def _child_runs(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("select count(*) from tags where key = 'mlflow.parentRunId'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+class KillServerMidSweep(tune.Callback):
+    """Kills the tracking server (SIGKILL, by process group) at the first trial result after
+    the server has stored a child run: mid-sweep, while trials are running."""
+
+    def __init__(self, pid: int, db: Path):
+        self.pid, self.db, self.killed_at = pid, db, None
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.killed_at is None and _child_runs(self.db) >= 1:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.killed_at = result["training_iteration"]
+
+
+def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(SMOKE.read_text())
+    data.update(name="doomed", search_space={"seed": {"grid": [0, 1]}})
+    data["stop"] = {"iterations": 12}
+    data["settings"].update(lr=0.05, min_time_s_per_iteration=0.5)
+    spec = parse_spec(data, "doomed.yaml")
+    killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db)
+
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
+        result = run_sweep(spec, tracking_uri=mlflow_server.uri, storage_path=str(tmp_path / "results"),
+                           out=io.StringIO(), extra_callbacks=[killer],
+                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 2})
+
+    assert mlflow_server.proc.poll() is not None, "the server was not killed"
+    assert killer.killed_at is not None and killer.killed_at < 12, killer.killed_at
+    # The sweep went on and finished every trial.
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 12)] * 2
+    # ... and says what was not logged: metrics (with their steps), statuses, checkpoints.
+    whats = {n.what for n in result.not_logged}
+    assert {"metrics", "status", "artifact"} <= whats, whats
+    assert any(n.what == "metrics" and "steps" in n.detail for n in result.not_logged)
+    assert "not logged" in caplog.text and "metrics" in caplog.text
+    assert "does not answer" in caplog.text
+    (run_dir,) = list((tmp_path / "results" / "doomed").iterdir())
+    lines = (run_dir / "mlflow_not_logged.jsonl").read_text().splitlines()
+    assert len(lines) == len(result.not_logged)
+
+    # What the server stored before it died is there: the parent and a child run.
+    with sqlite3.connect(mlflow_server.db) as conn:
+        roles = [r for (r,) in conn.execute("select value from tags where key = 'haepo.role'")]
+    assert roles.count("sweep") == 1 and roles.count("trial") >= 1
