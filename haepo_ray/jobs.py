@@ -1,0 +1,543 @@
+"""Sweeps as Ray Jobs on a running cluster: ``haepo submit``, ``jobs``, ``logs``, ``stop``.
+
+    haepo submit SPEC --address http://HEAD:8265 [--follow] [--tracking-uri URI]
+                 [--storage-path PATH] [--experiment NAME] [--resume] [--working-dir DIR]
+                 [--py-modules] [--pip REQ ...] [--env KEY[=VALUE] ...] [--job-id ID]
+    haepo jobs   --address http://HEAD:8265 [--all]
+    haepo logs   JOB --address http://HEAD:8265 [--follow]
+    haepo stop   JOB --address http://HEAD:8265 [--no-wait]
+
+``submit`` talks to the head's Jobs API (Ray's dashboard, port 8265) with Ray's Jobs SDK. It
+packages a working directory (by default a folder holding only SPEC; ``--working-dir DIR``
+ships DIR instead), uploads it, and starts on the head node::
+
+    haepo sweep <SPEC> --address auto [--tracking-uri URI] [--storage-path PATH] ...
+
+The job's driver is that sweep: it places the trials on the workers by their resource
+requests and logs to MLflow (the driver does all the MLflow logging; trials on the workers
+need no MLflow access). Where the cluster lacks haepo-ray, ``--py-modules`` ships this
+package's source with the job (entrypoint ``python -m haepo_ray.cli sweep ...``) and
+``--pip`` installs what else is missing.
+
+Where things go, decided on the head node:
+
+- MLflow: ``--tracking-uri``, else this shell's ``MLFLOW_TRACKING_URI`` (both passed to the job
+  as ``MLFLOW_TRACKING_URI``), else the cluster's own ``MLFLOW_TRACKING_URI`` (set on the head);
+- results and checkpoints: ``--storage-path``, else the spec's ``storage_path``, else
+  ``HAEPO_STORAGE_PATH`` of this shell, else ``HAEPO_STORAGE_PATH`` of the head node (the
+  cluster's shared storage: NFS path or s3:// URI). A trial resumes on another node only when
+  every node reaches that path.
+
+Authentication (Ray token authentication), first that is set: ``--auth-token-file``,
+``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``; sent as
+``Authorization: Bearer <token>``. The address: ``--address``, else ``RAY_API_SERVER_ADDRESS``,
+else an ``http(s)://`` ``RAY_ADDRESS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+CONNECT_TIMEOUT_S = 10.0
+# Never shipped with --working-dir (Ray also leaves out what .gitignore files name).
+WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", ".haepo", "mlruns", "__pycache__", "*.egg-info",
+                        ".pytest_cache", "node_modules"]
+LOCAL_URI_SCHEMES = ("sqlite", "file", "")
+
+
+def _usage_error(message: str) -> Exception:
+    from haepo_ray.cli import UsageError
+
+    return UsageError(message)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _add_connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", metavar="URL",
+                   help="the head's Jobs API (Ray dashboard), e.g. http://10.0.0.5:8265 (default: "
+                        "$RAY_API_SERVER_ADDRESS, else an http(s) $RAY_ADDRESS)")
+    p.add_argument("--auth-token-file", metavar="PATH",
+                   help="the cluster's Ray auth token (default: $RAY_AUTH_TOKEN, else the file "
+                        "$RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token when it exists)")
+
+
+def add_parsers(subparsers) -> None:
+    """Adds ``submit``, ``jobs``, ``logs`` and ``stop`` to the ``haepo`` sub-commands."""
+    submit = subparsers.add_parser(
+        "submit", help="run a sweep spec on a Ray cluster as a Ray Job",
+        description=(
+            "Submit the sweep SPEC to a running Ray cluster as a Ray Job (Jobs SDK) and print "
+            "the job id. The job runs `haepo sweep SPEC --address auto` on the head node; "
+            "--follow streams its logs and exits with its outcome (0 succeeded, 1 failed or "
+            "stopped). See cluster/README.md."),
+    )
+    submit.add_argument("spec", metavar="SPEC", help="a sweep spec, e.g. tune_configs/smoke.yaml")
+    _add_connection(submit)
+    submit.add_argument("--follow", action="store_true",
+                        help="stream the job's logs until it ends; exit 0 if it succeeded, else 1")
+    submit.add_argument("--tracking-uri", metavar="URI",
+                        help="MLflow tracking URI as the head node sees it (default: "
+                             "$MLFLOW_TRACKING_URI here, else the cluster's own)")
+    submit.add_argument("--storage-path", metavar="PATH",
+                        help="Ray results and checkpoints, a path every node reaches (NFS, "
+                             "s3://...) (default: the spec's storage_path, else "
+                             "$HAEPO_STORAGE_PATH here, else $HAEPO_STORAGE_PATH on the head)")
+    submit.add_argument("--experiment", metavar="NAME", help="as for haepo sweep")
+    submit.add_argument("--resume", action="store_true",
+                        help="continue the newest run of this experiment in the storage path")
+    submit.add_argument("--working-dir", metavar="DIR",
+                        help="ship DIR as the job's working directory (SPEC must be inside it); "
+                             "default: a folder holding only SPEC")
+    submit.add_argument("--py-modules", action="store_true",
+                        help="ship this haepo_ray package's source with the job, for clusters "
+                             "whose image lacks haepo-ray (its dependencies must be there, or "
+                             "named with --pip)")
+    submit.add_argument("--pip", action="append", metavar="REQUIREMENT",
+                        help="a pip requirement installed for the job on every node (repeatable)")
+    submit.add_argument("--env", action="append", metavar="KEY[=VALUE]",
+                        help="an environment variable of the job (KEY alone: its value here); "
+                             "visible in the job's details: no secrets (repeatable)")
+    submit.add_argument("--job-id", metavar="ID",
+                        help="the submission id (default: haepo-<experiment>-<time>-<random>)")
+    submit.add_argument("--no-check", action="store_true",
+                        help="check only the spec's structure here, not its algorithm, env and "
+                             "setting names (which need RLlib)")
+    submit.set_defaults(func=cmd_submit)
+
+    jobs = subparsers.add_parser("jobs", help="list the jobs of a Ray cluster",
+                                 description="List the submitted jobs of a Ray cluster, oldest first.")
+    _add_connection(jobs)
+    jobs.add_argument("--all", action="store_true",
+                      help="also drivers that were not submitted as jobs (ray.init connections)")
+    jobs.set_defaults(func=cmd_jobs)
+
+    logs = subparsers.add_parser("logs", help="print (or follow) the logs of a job")
+    logs.add_argument("job", metavar="JOB", help="a job id, as haepo submit printed it")
+    _add_connection(logs)
+    logs.add_argument("--follow", action="store_true",
+                      help="stream until the job ends; exit 0 if it succeeded, else 1")
+    logs.set_defaults(func=cmd_logs)
+
+    stop = subparsers.add_parser("stop", help="stop a running job",
+                                 description="Stop JOB: SIGTERM to its driver (the sweep, which "
+                                             "ends its trials and marks its MLflow runs KILLED), "
+                                             "SIGKILL after Ray's grace period.")
+    stop.add_argument("job", metavar="JOB", help="a job id, as haepo submit printed it")
+    _add_connection(stop)
+    stop.add_argument("--no-wait", action="store_true", help="do not wait until the job has ended")
+    stop.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                      help="how long to wait for the job to end (default 60 s)")
+    stop.set_defaults(func=cmd_stop)
+
+
+# --------------------------------------------------------------------------- connection
+
+
+@dataclass
+class Token:
+    value: str
+    source: str
+
+
+def find_token(token_file: str | None = None, environ: Mapping[str, str] | None = None,
+               home: Path | None = None) -> Token | None:
+    """The Ray auth token to send: ``token_file``, ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``,
+    ``~/.ray/auth_token`` (first that is set); None when there is none."""
+    env = os.environ if environ is None else environ
+
+    def read(path: str, what: str) -> Token:
+        p = Path(path).expanduser()
+        try:
+            value = p.read_text().strip()
+        except OSError as err:
+            raise _usage_error(f"cannot read the Ray auth token {what} {p}: {err.strerror or err}") from None
+        if not value:
+            raise _usage_error(f"the Ray auth token file {p} ({what}) is empty")
+        return Token(value, f"{what} {p}")
+
+    if token_file:
+        return read(token_file, "--auth-token-file")
+    if env.get("RAY_AUTH_TOKEN"):
+        return Token(env["RAY_AUTH_TOKEN"].strip(), "$RAY_AUTH_TOKEN")
+    if env.get("RAY_AUTH_TOKEN_PATH"):
+        return read(env["RAY_AUTH_TOKEN_PATH"], "$RAY_AUTH_TOKEN_PATH")
+    default = (home or Path.home()) / ".ray" / "auth_token"
+    if default.is_file():
+        return read(str(default), "default token file")
+    return None
+
+
+def resolve_address(address: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """``http(s)://host:port`` of the Jobs API; ``host:port`` gets ``http://``."""
+    env = os.environ if environ is None else environ
+    if not address:
+        address = env.get("RAY_API_SERVER_ADDRESS") or ""
+        ray_address = env.get("RAY_ADDRESS", "")
+        if not address and ray_address.startswith(("http://", "https://")):
+            address = ray_address
+    if not address:
+        raise _usage_error("which cluster? give --address http://HEAD:8265 (the head's dashboard "
+                           "port) or set RAY_API_SERVER_ADDRESS")
+    address = address.strip().rstrip("/")
+    if address.startswith("ray://") or address == "auto":
+        raise _usage_error(f"--address {address}: jobs are submitted to the head's dashboard "
+                           "(Jobs API), e.g. http://HEAD:8265, not to a Ray Client or GCS address")
+    if "://" not in address:
+        address = f"http://{address}"
+    parsed = urlparse(address)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise _usage_error(f"--address {address}: expected http://HOST:PORT (the head's dashboard)")
+    return address
+
+
+def _reach_hint(address: str) -> str:
+    return (f"check the address, that the head node is up and that its dashboard port is "
+            f"reachable from here (cloud cluster: `ray dashboard cluster/aws/haepo-cluster.yaml` "
+            f"forwards it to http://127.0.0.1:8265; Kubernetes: `kubectl port-forward "
+            f"svc/haepo-head-svc 8265:8265`; local cluster: `source <state dir>/env.sh`)")
+
+
+def _check_reachable(address: str) -> None:
+    """A quick TCP connect, so that an unreachable head fails in seconds, not minutes."""
+    parsed = urlparse(address)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise _usage_error(f"cannot reach the Ray head at {address} ({reason}): "
+                           f"{_reach_hint(address)}") from None
+
+
+def _auth_message(address: str, token: Token | None, err: Exception) -> str:
+    text = str(getattr(err, "message", None) or err)
+    if "401" in text or "required" in text.lower() or "missing" in text.lower():
+        return (f"the Ray cluster at {address} requires an authentication token and none was "
+                f"sent: give the cluster's token with --auth-token-file PATH, or set "
+                f"RAY_AUTH_TOKEN_PATH (see cluster/README.md, 'Tokens')")
+    source = token.source if token else "no token"
+    return (f"the Ray cluster at {address} refused the authentication token from {source} "
+            f"(HTTP 403: wrong token for this cluster): give this cluster's token with "
+            f"--auth-token-file PATH or RAY_AUTH_TOKEN_PATH (see cluster/README.md, 'Tokens')")
+
+
+class _Client:
+    """A JobSubmissionClient whose failures become UsageErrors with a clear message."""
+
+    def __init__(self, address: str | None, token_file: str | None):
+        self.address = resolve_address(address)
+        self.token = find_token(token_file)
+        _check_reachable(self.address)
+        headers = {"Authorization": f"Bearer {self.token.value}"} if self.token else None
+        self.sdk = self._call(self._make, headers)
+
+    def _make(self, headers):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.address, headers=headers)
+
+    def _call(self, fn, *args, **kwargs):
+        import requests
+        from ray.exceptions import AuthenticationError
+
+        try:
+            return fn(*args, **kwargs)
+        except AuthenticationError as err:
+            raise _usage_error(_auth_message(self.address, self.token, err)) from None
+        except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
+            raise _usage_error(f"cannot reach the Ray Jobs API at {self.address} ({err}): "
+                               f"{_reach_hint(self.address)}") from None
+        except RuntimeError as err:
+            text = str(err)
+            if "Version check returned 404" in text:
+                raise _usage_error(f"{self.address} answers but is not a Ray dashboard with the "
+                                   f"Jobs API (is the port right? install ray[default] on the "
+                                   f"head)") from None
+            raise _usage_error(f"the Ray Jobs API at {self.address} answered: {text}") from None
+
+    def __getattr__(self, name: str):
+        method = getattr(self.sdk, name)
+        return lambda *a, **kw: self._call(method, *a, **kw)
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def _local_uri(uri: str) -> bool:
+    scheme = urlparse(uri).scheme
+    return scheme in LOCAL_URI_SCHEMES or len(scheme) == 1  # "C:\..." reads as scheme "c"
+
+
+def _env_vars(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not key:
+            raise _usage_error(f"--env expects KEY or KEY=VALUE, got {pair!r}")
+        if not sep:
+            if key not in os.environ:
+                raise _usage_error(f"--env {key}: no value given and {key} is not set here")
+            value = os.environ[key]
+        out[key] = value
+    return out
+
+
+@dataclass
+class Submission:
+    """What ``haepo submit`` sends: entrypoint and runtime_env; built without a cluster."""
+
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    metadata: dict[str, str]
+    submission_id: str
+    notes: list[str]
+    working_dir: Path
+    temporary: bool
+
+
+def build_submission(args: argparse.Namespace) -> Submission:
+    from haepo_ray import __version__
+    from haepo_ray.sweep.spec import SpecError, load_spec
+
+    spec_path = Path(args.spec).expanduser()
+    if not spec_path.is_file():
+        raise _usage_error(f"spec not found: {args.spec}" + (" (a folder)" if spec_path.is_dir() else ""))
+    spec_path = spec_path.resolve()
+    try:
+        spec = load_spec(spec_path, check=not args.no_check)
+    except SpecError as err:
+        raise _usage_error(f"invalid spec\n{err}") from None
+
+    notes: list[str] = []
+    if args.working_dir:
+        working_dir = Path(args.working_dir).expanduser().resolve()
+        if not working_dir.is_dir():
+            raise _usage_error(f"--working-dir {args.working_dir}: not a folder")
+        try:
+            spec_arg = spec_path.relative_to(working_dir).as_posix()
+        except ValueError:
+            raise _usage_error(f"the spec {args.spec} is not inside --working-dir {args.working_dir}") from None
+        temporary = False
+    else:
+        working_dir = Path(tempfile.mkdtemp(prefix="haepo-submit-"))
+        shutil.copy2(spec_path, working_dir / spec_path.name)
+        spec_arg = spec_path.name
+        temporary = True
+
+    experiment = args.experiment or spec.experiment
+    cmd = ["python", "-m", "haepo_ray.cli"] if args.py_modules else ["haepo"]
+    cmd += ["sweep", spec_arg, "--address", "auto", "--quiet"]
+
+    env_vars = {"PYTHONUNBUFFERED": "1"}
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        if _local_uri(uri):
+            notes.append(f"MLflow: {uri} is read on the head node, not on this machine")
+        env_vars["MLFLOW_TRACKING_URI"] = uri
+        cmd += ["--tracking-uri", uri]
+    else:
+        notes.append("MLflow: no --tracking-uri and no MLFLOW_TRACKING_URI here: the job uses the "
+                     "head node's MLFLOW_TRACKING_URI, else a SQLite file in its temporary "
+                     "working directory (lost with the cluster)")
+    if args.experiment:
+        cmd += ["--experiment", args.experiment]
+    if args.resume:
+        cmd.append("--resume")
+    entrypoint = shlex.join(cmd)
+
+    local_storage = os.environ.get("HAEPO_STORAGE_PATH")
+    if args.storage_path:
+        entrypoint += " --storage-path " + shlex.quote(args.storage_path)
+        where = args.storage_path
+    elif spec.storage_path:
+        where = f"{spec.storage_path} (the spec's storage_path)"
+    elif local_storage:
+        entrypoint += " --storage-path " + shlex.quote(local_storage)
+        where = f"{local_storage} ($HAEPO_STORAGE_PATH here)"
+    else:
+        # Decided on the head node: the cluster's shared storage, when it names one.
+        entrypoint += ' ${HAEPO_STORAGE_PATH:+--storage-path "$HAEPO_STORAGE_PATH"}'
+        where = "the head node's $HAEPO_STORAGE_PATH"
+        notes.append("storage: no --storage-path, no storage_path in the spec and no "
+                     "HAEPO_STORAGE_PATH here: results go to the head node's HAEPO_STORAGE_PATH, "
+                     "else to its temporary job folder (then a trial cannot resume on another node)")
+
+    runtime_env: dict[str, Any] = {"working_dir": str(working_dir), "env_vars": env_vars}
+    if not temporary:
+        runtime_env["excludes"] = list(WORKING_DIR_EXCLUDES)
+    if args.py_modules:
+        runtime_env["py_modules"] = [str(Path(__file__).resolve().parent)]
+    if args.pip:
+        runtime_env["pip"] = list(args.pip)
+    env_vars.update(_env_vars(args.env))
+
+    submission_id = args.job_id or (
+        f"haepo-{_slug(experiment)}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
+    metadata = {
+        "haepo.spec": spec_path.name,
+        "haepo.experiment": experiment,
+        "haepo.version": __version__,
+        "haepo.tracking_uri": uri or "",
+        "haepo.storage": where,
+    }
+    return Submission(entrypoint, runtime_env, metadata, submission_id, notes, working_dir, temporary)
+
+
+def _slug(text: str) -> str:
+    out = "".join(c if c.isalnum() or c in "-_" else "-" for c in text)
+    return out.strip("-")[:40] or "sweep"
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    sub = build_submission(args)
+    try:
+        client = _Client(args.address, args.auth_token_file)
+        job_id = client.submit_job(entrypoint=sub.entrypoint, runtime_env=sub.runtime_env,
+                                   metadata=sub.metadata, submission_id=sub.submission_id)
+    finally:
+        if sub.temporary:
+            shutil.rmtree(sub.working_dir, ignore_errors=True)
+    print(job_id, flush=True)
+    err = sys.stderr
+    print(f"submitted to {client.address}: {sub.entrypoint}", file=err)
+    print(f"results: {sub.metadata['haepo.storage']}", file=err)
+    for note in sub.notes:
+        print(f"note: {note}", file=err)
+    if not args.follow:
+        print(f"logs: haepo logs {job_id} --address {client.address} --follow\n"
+              f"stop: haepo stop {job_id} --address {client.address}", file=err, flush=True)
+        return 0
+    return _follow(client, job_id)
+
+
+# --------------------------------------------------------------------------- follow / logs
+
+
+def _follow(client: _Client, job_id: str) -> int:
+    async def tail() -> None:
+        async for chunk in client.sdk.tail_job_logs(job_id):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    try:
+        try:
+            asyncio.run(tail())
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # the stream broke (head restarted, network): poll instead
+            print(f"\nhaepo: log stream interrupted ({type(err).__name__}: {err}); waiting for "
+                  f"the job to end", file=sys.stderr, flush=True)
+        status = _wait_terminal(client, job_id, timeout=None)
+    except KeyboardInterrupt:
+        print(f"\nhaepo: stopped following; the job goes on. Stop it with: haepo stop {job_id} "
+              f"--address {client.address}", file=sys.stderr)
+        return 130
+    info = client.get_job_info(job_id)
+    message = f": {info.message}" if info.message else ""
+    print(f"haepo: job {job_id} {status}{message}", file=sys.stderr, flush=True)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def _status(client: _Client, job_id: str) -> str:
+    """The job's status; a UsageError naming the job when the cluster does not know it."""
+    from haepo_ray.cli import UsageError
+
+    try:
+        return str(client.get_job_status(job_id).value)
+    except UsageError as err:
+        if "404" in str(err) or "does not exist" in str(err):
+            raise _usage_error(f"no job {job_id!r} on {client.address} (haepo jobs lists them)") from None
+        raise
+
+
+def _wait_terminal(client: _Client, job_id: str, timeout: float | None) -> str:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = _status(client, job_id)
+        if status in TERMINAL or (deadline is not None and time.monotonic() >= deadline):
+            return status
+        time.sleep(1.0)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _Client(args.address, args.auth_token_file)
+    _status(client, args.job)
+    if args.follow:
+        return _follow(client, args.job)
+    sys.stdout.write(client.get_job_logs(args.job))
+    return 0
+
+
+# --------------------------------------------------------------------------- jobs / stop
+
+
+def _fmt_time(ms: int | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
+def _fmt_duration(start: int | None, end: int | None) -> str:
+    if not start:
+        return "-"
+    seconds = int(((end or time.time() * 1000) - start) / 1000)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from haepo_ray.sweep.tuner import format_table
+
+    client = _Client(args.address, args.auth_token_file)
+    jobs = client.list_jobs()
+    if not args.all:
+        jobs = [j for j in jobs if j.submission_id]
+    jobs.sort(key=lambda j: j.start_time or 0)
+    if not jobs:
+        print(f"no jobs on {client.address}")
+        return 0
+    rows = []
+    for j in jobs:
+        meta = j.metadata or {}
+        entry = j.entrypoint or ""
+        rows.append([j.submission_id or j.job_id or "-", str(getattr(j.status, "value", j.status)),
+                     _fmt_time(j.start_time), _fmt_duration(j.start_time, j.end_time),
+                     meta.get("haepo.experiment", "-"),
+                     entry if len(entry) <= 60 else entry[:57] + "..."])
+    print(format_table(["job", "status", "started", "duration", "experiment", "entrypoint"], rows))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    client = _Client(args.address, args.auth_token_file)
+    status = _status(client, args.job)
+    if status in TERMINAL:
+        print(f"job {args.job} is not running ({status})")
+        return 0
+    client.stop_job(args.job)
+    if args.no_wait:
+        print(f"job {args.job}: stop requested")
+        return 0
+    status = _wait_terminal(client, args.job, timeout=args.timeout)
+    if status in TERMINAL:
+        print(f"job {args.job} {status}")
+        return 0
+    print(f"job {args.job} still {status} after {args.timeout:.0f} s; Ray kills it after its "
+          f"grace period", file=sys.stderr)
+    return 1
