@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 .PHONY: help setup demo test test-all bench clean
 
 help:
-	@echo "make demo      set up, then run the main job on embedded defaults (local Ray, local MLflow)"
+	@echo "make demo      set up, then run the smoke sweep on embedded defaults (local Ray, MLflow in .haepo/)"
 	@echo "make test      set up, then run the test suite (what CI runs)"
 	@echo "make test-all  the test suite including tests marked slow"
 	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/haepo train --env haepo/ChainMDP-v0 --stop-iters 30 --num-cpus 2 --set lr=0.05
+	$(VENV)/bin/haepo sweep tune_configs/smoke.yaml
 
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

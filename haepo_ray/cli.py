@@ -142,9 +142,11 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
     train.set_defaults(func=cmd_train)
 
+    from haepo_ray.jobs import add_parsers as add_job_parsers
     from haepo_ray.sweep.cli import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)
+    add_job_parsers(sub)
     return parser
 
 
@@ -158,4 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m haepo_ray.cli`: run the imported module's main, so that the UsageError the
+    # sub-commands import from haepo_ray.cli is the class main() catches (not __main__'s twin).
+    from haepo_ray.cli import main as _main
+
+    sys.exit(_main())

@@ -20,7 +20,7 @@ def haepo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_help_lists_the_commands():
     out = haepo("--help")
     assert out.returncode == 0
-    for command in ("version", "envs", "train", "sweep"):
+    for command in ("version", "envs", "train", "sweep", "submit", "jobs", "logs", "stop"):
         assert command in out.stdout
 
 
