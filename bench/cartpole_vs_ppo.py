@@ -13,7 +13,8 @@ HAEPO (paper, CartPole section): MLP obs -> 128 -> 2 with ReLU, lr 1e-2, gamma 0
 M = 8 episodes per update, beta_ent = beta_kl = 0.1, grad-norm clip 0.5.
 PPO: ``PPOConfig()`` defaults (lr 5e-5, 4000 steps per batch, 30 epochs of minibatches
 of 128, [256, 256] tanh MLP, ...). The env-runner setting (``--num-env-runners``,
-``--num-envs-per-env-runner``) is the same for both.
+``--num-envs-per-env-runner``) is the same for both, unless ``--haepo-envs-per-env-runner``
+gives HAEPO its own number of envs per runner.
 
 Measurements, per iteration: ``time.perf_counter`` since the start of training,
 ``env_runners/num_env_steps_sampled_lifetime``, ``env_runners/episode_return_mean``
@@ -51,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--num-env-runners", type=int, default=0, help="same for both algorithms")
     p.add_argument("--num-envs-per-env-runner", type=int, default=1, help="same for both algorithms")
+    p.add_argument("--haepo-envs-per-env-runner", type=int, default=None,
+                   help="HAEPO only (its lean sampler batches the forward pass over its envs); "
+                        "default: --num-envs-per-env-runner")
     p.add_argument(
         "--torch-threads",
         type=int,
@@ -85,7 +89,7 @@ def haepo_config(seed: int, args: argparse.Namespace):
         .rl_module(model_config={"fcnet_hiddens": [128], "fcnet_activation": args.haepo_activation})
         .env_runners(
             num_env_runners=args.num_env_runners,
-            num_envs_per_env_runner=args.num_envs_per_env_runner,
+            num_envs_per_env_runner=args.haepo_envs_per_env_runner or args.num_envs_per_env_runner,
         )
         .debugging(seed=seed)
     )

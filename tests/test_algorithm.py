@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from haepo_ray.algorithm import HAEPOConfig
+from haepo_ray.callbacks import EpisodeInfoMetrics
 
 CHAIN = "haepo/ChainMDP-v0"
 BANDIT = "haepo/GaussianBandit-v0"
@@ -119,9 +120,21 @@ class CoinLengthEnv:
         return _Env()
 
 
-def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session):
+class PerStepCallback(EpisodeInfoMetrics):
+    """A callback with a per-step hook: HAEPO's runner then samples through RLlib's loop."""
+
+    def on_episode_step(self, **kwargs) -> None:
+        pass
+
+
+SAMPLING_PATHS = {"lean": EpisodeInfoMetrics, "rllib-loop": PerStepCallback}
+
+
+@pytest.mark.parametrize("path", SAMPLING_PATHS)
+def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session, path):
     """RLlib's sample(num_episodes=n) over 4 envs returns the first n episodes to finish:
-    mostly length-1 ones. HAEPO's runner takes one episode per env per round."""
+    mostly length-1 ones. HAEPO's runner takes the first n episodes to start (lean path) or
+    one episode per env per round (RLlib's loop)."""
     from ray.tune.registry import register_env
 
     register_env("test/CoinLength-v0", CoinLengthEnv)
@@ -129,9 +142,12 @@ def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session):
         HAEPOConfig().environment("test/CoinLength-v0")
         .env_runners(num_env_runners=0, num_envs_per_env_runner=4)
         .training(episodes_per_batch=6).debugging(seed=0)
+        .callbacks(SAMPLING_PATHS[path])
     )
     algo = config.build_algo()
     try:
+        runner = algo.env_runner_group.local_env_runner
+        assert (runner._lean_path_blocker() is None) == (path == "lean")
         lengths = []
         for _ in range(40):
             episodes, metrics = algo._sample_episodes(6)
@@ -143,6 +159,33 @@ def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session):
     assert set(lengths) == {1, 30}
     standard_error = 14.5 / np.sqrt(len(lengths))
     assert abs(np.mean(lengths) - 15.5) < 4 * standard_error
+
+
+def test_lean_sampling_reproduces_rllibs_loop_exactly(ray_session):
+    """One env, one episode per call: the lean path draws the same episodes, action for
+    action, as RLlib's own loop (same seeds, same random streams, same log-probabilities)."""
+    sampled = {}
+    for path, callbacks in SAMPLING_PATHS.items():
+        config = (
+            HAEPOConfig().environment("CartPole-v1")
+            .env_runners(num_env_runners=0).debugging(seed=7).callbacks(callbacks)
+        )
+        algo = config.build_algo()
+        try:
+            runner = algo.env_runner_group.local_env_runner
+            sampled[path] = [runner.sample(num_episodes=1)[0] for _ in range(4)]
+        finally:
+            algo.stop()
+    for lean, loop in zip(sampled["lean"], sampled["rllib-loop"]):
+        lean.validate()
+        assert len(lean) == len(loop) and lean.is_terminated == loop.is_terminated
+        np.testing.assert_array_equal(lean.get_observations(), loop.get_observations())
+        np.testing.assert_array_equal(lean.get_actions(), loop.get_actions())
+        np.testing.assert_array_equal(lean.get_rewards(), loop.get_rewards())
+        for column in ("action_logp", "action_dist_inputs"):
+            np.testing.assert_allclose(
+                lean.get_extra_model_outputs(column), loop.get_extra_model_outputs(column), rtol=1e-6
+            )
 
 
 def test_first_gradient_step_uses_the_behavior_log_likelihood(ray_session):
