@@ -203,7 +203,7 @@ def _metric_rows(db: Path) -> int:
 
 
 def _sweep_cmd(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "haepo_ray.sweep.cli", str(spec), "--tracking-uri", uri,
+    return [sys.executable, "-m", "haepo_ray.cli", "sweep", str(spec), "--tracking-uri", uri,
             "--storage-path", str(results), "--address", address, "--quiet", *extra]
 
 

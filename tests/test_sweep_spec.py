@@ -57,7 +57,7 @@ def test_the_bandit_grid_is_the_papers():
 
 
 def test_smoke_dry_run_from_the_command_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "haepo_ray.sweep.cli", str(REPO / "tune_configs" / "smoke.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "haepo_ray.cli", "sweep", str(REPO / "tune_configs" / "smoke.yaml"),
                            "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "4 trials:" in proc.stdout and "lr" in proc.stdout and "seed" in proc.stdout
@@ -212,7 +212,7 @@ def test_yaml_errors_and_non_mappings(tmp_path):
 
 def test_cli_prints_named_errors_without_traceback(tmp_path):
     path = _write(tmp_path, _spec(stop={"iterations": 2, "wallclock": 5}))
-    proc = subprocess.run([sys.executable, "-m", "haepo_ray.sweep.cli", str(path), "--dry-run"],
+    proc = subprocess.run([sys.executable, "-m", "haepo_ray.cli", "sweep", str(path), "--dry-run"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 2

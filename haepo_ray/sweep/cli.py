@@ -2,16 +2,12 @@
 
     haepo sweep SPEC [--address ADDR] [--tracking-uri URI] [--experiment NAME] [--resume]
                      [--dry-run] [--storage-path PATH] [--no-tracking] [--quiet]
-
-Also runnable alone: ``python -m haepo_ray.sweep.cli SPEC ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -53,10 +49,8 @@ def add_parser(subparsers) -> None:
 
 
 def _usage_error(message: str) -> Exception:
-    try:
-        from haepo_ray.cli import UsageError
-    except ImportError:  # pragma: no cover
-        return SystemExit(f"haepo sweep: error: {message}")
+    from haepo_ray.cli import UsageError
+
     return UsageError(message)
 
 
@@ -98,20 +92,3 @@ def _configure_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="haepo")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except Exception as err:
-        if type(err).__name__ == "UsageError":
-            print(f"haepo sweep: error: {err}", file=sys.stderr)
-            return 2
-        raise
-
-
-if __name__ == "__main__":
-    sys.exit(main())
