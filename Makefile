@@ -6,13 +6,14 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test test-all bench clean
+.PHONY: help setup browser demo test test-all bench clean
 
 help:
 	@echo "make demo      set up, then run the smoke sweep on embedded defaults (local Ray, MLflow in .haepo/)"
 	@echo "make test      set up, then run the test suite (what CI runs)"
 	@echo "make test-all  the test suite including tests marked slow"
 	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
+	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,11 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	touch $@
 
 setup: $(VENV)/.installed
+
+# The test of `haepo report`'s HTML page drives Debian's Chromium (skipped without it, except in CI).
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
 demo: setup
 	$(VENV)/bin/haepo sweep tune_configs/smoke.yaml

@@ -119,6 +119,20 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from haepo_ray.report import build_report, to_text
+    from haepo_ray.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri, create=False)
+    try:
+        report = build_report(uri, args.experiment, args.out)
+    except LookupError as err:
+        raise UsageError(str(err.args[0])) from None
+    print(to_text(report.table))
+    print(f"\n{len(report.figures)} figures, results.csv, results.md and index.html in {report.out.resolve()}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="haepo", description="HAEPO on Ray: train, sweep and track experiments."
@@ -141,6 +155,19 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-dir", help="where to write the final checkpoint")
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
     train.set_defaults(func=cmd_train)
+
+    report = sub.add_parser("report", help="turn sweeps in MLflow into figures, tables and an HTML page",
+                            description="Read the trials of sweeps from MLflow, aggregate them over "
+                                        "seeds and write figures (PNG, SVG), results.csv/.md and a "
+                                        "self-contained index.html.")
+    report.add_argument("--experiment", action="append", metavar="NAME",
+                        help="an MLflow experiment (a sweep's name; repeatable; default: all)")
+    report.add_argument("--out", default=str(Path(".haepo") / "report"), metavar="DIR",
+                        help="output folder (default .haepo/report)")
+    report.add_argument("--tracking-uri", metavar="URI",
+                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                             "sqlite:///<cwd>/.haepo/mlflow.db)")
+    report.set_defaults(func=cmd_report)
 
     from haepo_ray.jobs import add_parsers as add_job_parsers
     from haepo_ray.sweep.cli import add_parser as add_sweep_parser

@@ -70,6 +70,8 @@ DEFAULT_METRICS = (
     "env_runners/episode_return_min",
     "env_runners/episode_return_max",
     "env_runners/episode_len_mean",
+    "env_runners/regret_per_step_mean",
+    "env_runners/success_rate",
     "learners/*",
 )
 

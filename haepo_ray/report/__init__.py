@@ -1,0 +1,118 @@
+"""``haepo report``: sweeps in MLflow -> aggregated curves, tables, figures and a static page.
+
+:func:`build_report` reads every trial of the given experiments from any tracking URI
+(:mod:`~haepo_ray.report.runs`), groups them by algorithm and configuration and aggregates
+over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
+
+- ``results.csv`` and ``results.md``: one row per group (final metrics, mean and std over
+  seeds; wall-clock seconds per 100 updates);
+- the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
+- ``index.html``: the table and every figure in one self-contained page (figures embedded,
+  no network access needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from haepo_ray.report.aggregate import Group, group_trials, results_table
+from haepo_ray.report.figures import Figure, write_figures
+from haepo_ray.report.runs import load_trials
+
+__all__ = ["Report", "build_report"]
+
+
+@dataclass
+class Report:
+    """What :func:`build_report` wrote."""
+
+    out: Path
+    table: pd.DataFrame
+    groups: list[Group]
+    figures: list[Figure]
+
+    @property
+    def index(self) -> Path:
+        return self.out / "index.html"
+
+
+def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str | Path) -> Report:
+    """Reads the experiments' sweeps from MLflow and writes the report to ``out``.
+
+    Raises ``LookupError`` when an experiment is missing or no trial is found.
+    """
+    experiments = list(experiments or [])
+    trials = load_trials(tracking_uri, experiments)
+    if not trials:
+        raise LookupError(f"no sweep trials found at {tracking_uri}"
+                          + (f" in experiments {experiments}" if experiments else ""))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = group_trials(trials)
+    table = results_table(groups)
+    table.to_csv(out / "results.csv", index=False)
+    (out / "results.md").write_text(to_markdown(table) + "\n")
+    figures = write_figures(groups, out)
+    report = Report(out, table, groups, figures)
+    report.index.write_text(render_html(report, tracking_uri))
+    return report
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """The table as GitHub Markdown (numbers to 4 significant digits)."""
+    header = "| " + " | ".join(table.columns) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    rows = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+def to_text(table: pd.DataFrame) -> str:
+    """The table for a terminal: aligned columns."""
+    cells = [list(table.columns)] + [[_cell(v) for v in row] for row in table.itertuples(index=False)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def render_html(report: Report, tracking_uri: str) -> str:
+    """index.html: the results table, then every figure (PNG embedded as a data URI)."""
+    table = report.table.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
+    sections = []
+    for experiment in dict.fromkeys(f.experiment for f in report.figures):
+        images = []
+        for figure in (f for f in report.figures if f.experiment == experiment):
+            data = base64.b64encode((report.out / f"{figure.stem}.png").read_bytes()).decode()
+            images.append(
+                f'<figure><img alt="{html.escape(figure.title)}" src="data:image/png;base64,{data}">'
+                f'<figcaption>{html.escape(figure.title)} (<a href="{figure.stem}.svg">SVG</a>)'
+                "</figcaption></figure>"
+            )
+        sections.append(f"<h2>{html.escape(experiment)}</h2>\n" + "\n".join(images))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>haepo-ray report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table.results {{ border-collapse: collapse; font-size: 0.85em; }}
+table.results th, table.results td {{ padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: left; }}
+figure {{ display: inline-block; margin: 1em; vertical-align: top; }}
+figure img {{ max-width: 640px; }}
+figcaption {{ font-size: 0.8em; }}
+</style></head>
+<body>
+<h1>haepo-ray report</h1>
+<p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
+<code>{html.escape(tracking_uri)}</code>. Mean and std over seeds; updates are training
+iterations; curves show each algorithm's best configuration by final return.</p>
+{table}
+{chr(10).join(sections)}
+</body></html>
+"""

@@ -1,0 +1,119 @@
+"""The report's figures (matplotlib, no display): each written as PNG and SVG.
+
+Per experiment: learning curves against updates and against wall-clock seconds (one curve
+per algorithm: its best configuration by final return, mean +- std over seeds), per-step
+regret, success rate and policy entropy where the env or algorithm reports them, and
+heatmaps of the final return over lr x batch size and beta_ent x beta_kl (one per
+algorithm whose sweep varies both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from haepo_ray.report.aggregate import Group, best_groups  # noqa: E402
+from haepo_ray.report.runs import ENTROPY, ITERATION, REGRET, RETURN, SECONDS, SUCCESS  # noqa: E402
+
+BATCH_KEYS = ("episodes_per_batch", "train_batch_size_per_learner", "batch_size")
+HEATMAP_AXES = {"lr-batch": ("lr", BATCH_KEYS), "betas": ("beta_ent", ("beta_kl",))}
+CURVES = {  # name -> (metric, x, y label)
+    "return-vs-updates": (RETURN, ITERATION, "mean return"),
+    "return-vs-seconds": (RETURN, SECONDS, "mean return"),
+    "regret": (REGRET, ITERATION, "per-step regret"),
+    "success": (SUCCESS, ITERATION, "success rate"),
+    "entropy": (ENTROPY, ITERATION, "policy entropy"),
+}
+X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock seconds"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A written figure: its title and the stem of its ``.png`` / ``.svg`` files."""
+
+    experiment: str
+    title: str
+    stem: str
+
+
+def _save(fig, out: Path, stem: str) -> None:
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"{stem}.{ext}", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def curve_figure(groups: list[Group], metric: str, x: str, ylabel: str, title: str,
+                 out: Path, stem: str) -> bool:
+    """Mean +- std of ``metric`` against ``x``, one line per group; False if no group has it."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    drawn = False
+    for g in groups:
+        if metric not in g.metrics():
+            continue
+        curve = g.curve(metric, x)
+        if curve.empty:
+            continue
+        label = f"{g.algorithm} ({g.config_label}, {int(curve['n'].iloc[0])} seeds)"
+        ax.plot(curve.index, curve["mean"], label=label)
+        ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.2)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set(xlabel=X_LABELS[x], ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, out, stem)
+    return True
+
+
+def heatmap_figure(groups: list[Group], row_key: str, col_keys: tuple[str, ...], title: str,
+                   out: Path, stem: str) -> bool:
+    """Final return (mean over seeds, and over any other setting the sweep varies) over two
+    settings of the groups; False unless both vary. ``col_keys``: the first one present."""
+    col_key = next((k for k in col_keys if any(k in g.config for g in groups)), None)
+    cells = [(g.config[row_key], g.config[col_key], float(np.nanmean(g.final(RETURN))))
+             for g in groups if row_key in g.config and col_key in g.config]
+    table = pd.DataFrame(cells, columns=["row", "col", "value"])
+    if table.empty or table["row"].nunique() < 2 or table["col"].nunique() < 2:
+        return False
+    grid = table.pivot_table(index="row", columns="col", values="value", aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(1.2 * grid.shape[1] + 2.5, 0.8 * grid.shape[0] + 1.8))
+    image = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
+    ax.set_xticks(range(grid.shape[1]), [f"{v:.4g}" for v in grid.columns])
+    ax.set_yticks(range(grid.shape[0]), [f"{v:.4g}" for v in grid.index])
+    ax.set(xlabel=col_key, ylabel=row_key, title=title)
+    for (i, j), value in np.ndenumerate(grid.to_numpy()):
+        ax.text(j, i, f"{value:.3g}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(image, ax=ax, label="final mean return")
+    _save(fig, out, stem)
+    return True
+
+
+def write_figures(groups: list[Group], out: Path) -> list[Figure]:
+    """Every figure the groups support, written to ``out``; the list of what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    best = best_groups(groups)
+    figures: list[Figure] = []
+    for experiment in sorted({g.experiment for g in groups}):
+        shown = [g for (exp, _), g in sorted(best.items()) if exp == experiment]
+        for name, (metric, x, ylabel) in CURVES.items():
+            stem = f"{experiment}-{name}"
+            title = f"{experiment}: {ylabel} vs {X_LABELS[x].split(' (')[0]}"
+            if curve_figure(shown, metric, x, ylabel, title, out, stem):
+                figures.append(Figure(experiment, title, stem))
+        for algorithm in sorted({g.algorithm for g in groups if g.experiment == experiment}):
+            members = [g for g in groups if g.experiment == experiment and g.algorithm == algorithm]
+            for name, (row_key, col_keys) in HEATMAP_AXES.items():
+                stem = f"{experiment}-{algorithm}-heatmap-{name}"
+                title = f"{experiment}, {algorithm}: final return over {row_key} x {col_keys[0]}"
+                if heatmap_figure(members, row_key, col_keys, title, out, stem):
+                    figures.append(Figure(experiment, title, stem))
+    return figures

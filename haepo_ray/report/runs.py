@@ -1,0 +1,141 @@
+"""Trials of sweeps, read back from MLflow: one :class:`Trial` per child run.
+
+A trial's *configuration* is its search-space values without the seed (the tag
+``haepo.search_values`` that :mod:`haepo_ray.tracking` writes); trials of one experiment and
+algorithm with the same configuration are seeds of one *group*. Each trial carries its metric
+histories, indexed by training iteration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from haepo_ray.tracking import PARENT_TAG, ROLE_TAG
+
+ITERATION = "training_iteration"
+SECONDS = "time_total_s"
+ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
+RETURN = "env_runners/episode_return_mean"
+REGRET = "env_runners/regret_per_step_mean"
+SUCCESS = "env_runners/success_rate"
+# HAEPO and the baselines log the policy entropy as policy_entropy, RLlib's PPO as entropy.
+ENTROPY_KEYS = ("learners/default_policy/policy_entropy", "learners/default_policy/entropy")
+CURVE_METRICS = (SECONDS, ENV_STEPS, RETURN, REGRET, SUCCESS, *ENTROPY_KEYS)
+ENTROPY = "policy_entropy"
+SEED_KEYS = ("seed",)
+
+
+@dataclass
+class Trial:
+    """One trial: where it ran, what it tried, and its curves (one row per iteration)."""
+
+    experiment: str
+    run_id: str
+    algorithm: str
+    env: str
+    seed: Any
+    config: dict[str, Any]  # search values without the seed
+    params: dict[str, str]
+    curves: pd.DataFrame = field(repr=False)  # index: training_iteration
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        """(experiment, algorithm, configuration label): trials that differ only in seed."""
+        return self.experiment, self.algorithm, config_label(self.config)
+
+
+def config_label(config: dict[str, Any]) -> str:
+    """``lr=0.001, episodes_per_batch=8`` (sorted); ``default`` for an empty configuration."""
+    return ", ".join(f"{k}={_short(v)}" for k, v in sorted(config.items())) or "default"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _search_values(run) -> dict[str, Any]:
+    raw = run.data.tags.get("haepo.search_values")
+    if not raw:
+        return {}
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+    # Tune's keys are config paths, e.g. "config/lr" or "lr": keep the last part.
+    return {key.rsplit("/", 1)[-1]: value for key, value in values.items()}
+
+
+def _curves(client, run) -> pd.DataFrame:
+    columns: dict[str, pd.Series] = {}
+    for key in CURVE_METRICS:
+        if key not in run.data.metrics:
+            continue
+        history = client.get_metric_history(run.info.run_id, key)
+        series = pd.Series({m.step: m.value for m in history}, name=key, dtype=float)
+        columns[key] = series
+    frame = pd.DataFrame(columns).sort_index()
+    frame.index.name = ITERATION
+    entropy = [k for k in ENTROPY_KEYS if k in frame]
+    if entropy:
+        frame[ENTROPY] = frame[entropy[0]]
+    return frame.drop(columns=list(ENTROPY_KEYS), errors="ignore")
+
+
+def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> list[Trial]:
+    """Every trial of every sweep of ``experiments`` (default: all experiments with sweeps).
+
+    Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
+    no sweep.
+    """
+    from mlflow.tracking import MlflowClient
+
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
+        raise LookupError(f"no MLflow store at {tracking_uri} (run a sweep first, or give --tracking-uri)")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if experiments:
+        exps = []
+        for name in experiments:
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                known = sorted(e.name for e in client.search_experiments())
+                raise LookupError(f"no MLflow experiment {name!r} at {tracking_uri}; there are: {known}")
+            exps.append(exp)
+    else:
+        exps = client.search_experiments()
+    trials: list[Trial] = []
+    for exp in exps:
+        runs = _search_all(client, exp.experiment_id, f"tags.`{ROLE_TAG}` = 'trial'")
+        if experiments and not runs:
+            raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials")
+        for run in runs:
+            if PARENT_TAG not in run.data.tags:
+                continue
+            values = _search_values(run)
+            seed = next((values.pop(k) for k in SEED_KEYS if k in values), run.data.tags.get("haepo.seed"))
+            trials.append(Trial(
+                experiment=exp.name,
+                run_id=run.info.run_id,
+                algorithm=run.data.tags.get("haepo.algorithm", "?"),
+                env=run.data.tags.get("haepo.env", "?"),
+                seed=seed,
+                config=values,
+                params=dict(run.data.params),
+                curves=_curves(client, run),
+            ))
+    return trials
+
+
+def _search_all(client, experiment_id: str, filter_string: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs

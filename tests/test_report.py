@@ -1,0 +1,171 @@
+"""``haepo report`` on a real SQLite MLflow store filled by a small real sweep.
+
+The sweep: HAEPO on a 5-armed Gaussian bandit, lr x batch size x 2 seeds (8 trials), so the
+report has four configurations of two seeds each, regret curves and an lr x batch heatmap.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from haepo_ray import cli
+from haepo_ray.report import build_report
+from haepo_ray.report.aggregate import Group
+from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
+from haepo_ray.sweep.spec import parse_spec
+from haepo_ray.sweep.tuner import run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("HAEPO_TEST_ARTIFACTS", REPO / ".haepo" / "test-artifacts"))
+SPEC = {
+    "name": "report-bandit",
+    "algorithm": "HAEPO",
+    "env": "haepo/GaussianBandit-v0",
+    "env_config": {"num_arms": 5, "means_seed": 3},
+    "settings": {"num_env_runners": 0, "model_config": {"fcnet_hiddens": [8]}},
+    "search_space": {
+        "lr": {"grid": [0.01, 0.1]},
+        "batch_size": {"grid": [4, 8]},
+        "seed": {"grid": [0, 1]},
+    },
+    "stop": {"iterations": 5},
+    "resources": {"cpus": 1},
+    "max_concurrent_trials": 2,
+    "checkpoint_at_end": False,
+    "tracking": {"log_checkpoints": False},
+}
+
+
+@pytest.fixture(scope="module")
+def store(ray_session, tmp_path_factory):
+    """(tracking URI, sweep result) of the bandit sweep above."""
+    root = tmp_path_factory.mktemp("report")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    result = run_sweep(parse_spec(SPEC, "report-bandit.yaml"), tracking_uri=uri,
+                       storage_path=str(root / "ray"), verbose=0, out=io.StringIO())
+    assert len(result.trials) == 8 and all(t.status == "TERMINATED" for t in result.trials)
+    return uri, result
+
+
+def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri, result = store
+    report = build_report(uri, ["report-bandit"], tmp_path)
+    table = report.table
+    assert len(table) == 4 and set(table["seeds"]) == {2}
+    assert set(table["config"]) == {f"episodes_per_batch={b}, lr={lr}" for b in (4, 8) for lr in (0.01, 0.1)}
+
+    # Each group's mean and std of the final return and regret are those of its two runs.
+    client = MlflowClient(uri)
+    for _, row in table.iterrows():
+        runs = [t for t in result.trials
+                if row["config"] == f"episodes_per_batch={t.values['batch_size']}, lr={t.values['lr']}"]
+        assert len(runs) == 2
+        metrics = [client.get_run(t.run_id).data.metrics for t in runs]
+        returns = [m[RETURN] for m in metrics]
+        assert row["return mean"] == pytest.approx(np.mean(returns))
+        assert row["return std"] == pytest.approx(np.std(returns))
+        assert row["regret/step mean"] == pytest.approx(np.mean([m[REGRET] for m in metrics]))
+        per_100 = np.mean([100 * m[SECONDS] / m["training_iteration"] for m in metrics])
+        assert row["s / 100 updates"] == pytest.approx(per_100)
+
+    # The files hold the same table, and every figure exists as PNG and SVG.
+    assert pd.read_csv(tmp_path / "results.csv")["return mean"].tolist() == pytest.approx(table["return mean"].tolist())
+    assert (tmp_path / "results.md").read_text().count("\n") == len(table) + 2
+    stems = {f.stem for f in report.figures}
+    assert stems == {
+        "report-bandit-return-vs-updates", "report-bandit-return-vs-seconds", "report-bandit-regret",
+        "report-bandit-entropy", "report-bandit-HAEPO-heatmap-lr-batch",
+    }
+    for stem in stems:
+        assert (tmp_path / f"{stem}.png").stat().st_size > 1000
+        assert (tmp_path / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
+
+
+def _trial(steps: list[int], returns: list[float], seconds: list[float]) -> Trial:
+    curves = pd.DataFrame({RETURN: returns, SECONDS: seconds}, index=pd.Index(steps, name=ITERATION))
+    return Trial("e", "r", "HAEPO", "env", 0, {}, {}, curves)
+
+
+def test_curves_are_interpolated_onto_a_common_grid_by_hand():
+    # A: iterations 1..4, returns 0,1,2,3. B stopped early: iterations 1..2, returns 2,4
+    # (held at 4 afterwards). Mean: (0+2)/2, (1+4)/2, (2+4)/2, (3+4)/2; std: half the gaps.
+    group = Group("e", "HAEPO", "default", [
+        _trial([1, 2, 3, 4], [0, 1, 2, 3], [1.0, 2.0, 3.0, 4.0]),
+        _trial([1, 2], [2, 4], [2.0, 4.0]),
+    ])
+    curve = group.curve(RETURN)
+    assert curve.index.tolist() == [1, 2, 3, 4]
+    assert curve["mean"].tolist() == [1.0, 2.5, 3.0, 3.5]
+    assert curve["std"].tolist() == [1.0, 1.5, 1.0, 0.5]
+    # Against seconds, on 0..4 s: at 3 s A is at 2 and B (4 at 4 s, 2 at 2 s) at 3.
+    by_time = group.curve(RETURN, SECONDS, points=5)
+    assert by_time.index.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert by_time.loc[3.0, "mean"] == pytest.approx(2.5)
+    assert group.seconds_per_100_updates().tolist() == [100.0, 200.0]
+
+
+def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
+    uri, _ = store
+    assert cli.main(["report", "--tracking-uri", uri, "--experiment", "report-bandit", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "return mean" in out and "episodes_per_batch=8, lr=0.1" in out and "index.html" in out
+
+    assert cli.main(["report", "--tracking-uri", uri, "--experiment", "nope", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no MLflow experiment 'nope'" in err and "report-bandit" in err
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    assert cli.main(["report", "--tracking-uri", missing, "--out", str(tmp_path)]) == 2
+    assert "no MLflow store at" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
+
+
+def _chromium() -> tuple[str, str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (browser and driver):
+        message = "headless Chromium needs the Debian packages chromium and chromium-driver"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (.ci/run installs them)")
+        pytest.skip(message)
+    return browser, driver
+
+
+def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    browser, driver_path = _chromium()
+    uri, _ = store
+    report = build_report(uri, ["report-bandit"], tmp_path)
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,2400"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.get(report.index.as_uri())
+        images = driver.find_elements(By.TAG_NAME, "img")
+        shown = [driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img)
+                 for img in images]
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(ARTIFACTS / "report.png"))
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.results tbody tr")
+    finally:
+        driver.quit()
+    assert not errors, errors
+    assert len(images) == len(report.figures) == 5
+    assert all(width and width > 100 for width in shown), shown
+    assert len(rows) == 4
