@@ -17,7 +17,8 @@ import pytest
 
 from haepo_ray import cli
 from haepo_ray.report import build_report
-from haepo_ray.report.aggregate import Group
+from haepo_ray.report.aggregate import Group, group_trials
+from haepo_ray.report.figures import write_figures
 from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
 from haepo_ray.sweep.spec import parse_spec
 from haepo_ray.sweep.tuner import run_sweep
@@ -81,18 +82,20 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
     assert pd.read_csv(tmp_path / "results.csv")["return mean"].tolist() == pytest.approx(table["return mean"].tolist())
     assert (tmp_path / "results.md").read_text().count("\n") == len(table) + 2
     stems = {f.stem for f in report.figures}
-    assert stems == {
-        "report-bandit-return-vs-updates", "report-bandit-return-vs-seconds", "report-bandit-regret",
-        "report-bandit-entropy", "report-bandit-HAEPO-heatmap-lr-batch",
-    }
+    env = "haepo_GaussianBandit-v0_means_seed=3_num_arms=5"
+    assert stems == {f"{env}-return-vs-updates", f"{env}-return-vs-seconds", f"{env}-regret",
+                     f"{env}-entropy", "report-bandit-HAEPO-heatmap-lr-batch"}
+    assert {f.section for f in report.figures} == {"haepo/GaussianBandit-v0 (means_seed=3, num_arms=5)"}
     for stem in stems:
         assert (tmp_path / f"{stem}.png").stat().st_size > 1000
         assert (tmp_path / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
 
 
-def _trial(steps: list[int], returns: list[float], seconds: list[float]) -> Trial:
+def _trial(steps: list[int], returns: list[float], seconds: list[float], *, experiment: str = "e",
+           algorithm: str = "HAEPO", config: dict | None = None) -> Trial:
     curves = pd.DataFrame({RETURN: returns, SECONDS: seconds}, index=pd.Index(steps, name=ITERATION))
-    return Trial("e", "r", "HAEPO", "env", 0, {}, {}, curves)
+    params = {"env_config/length": "5"}
+    return Trial(experiment, "r", algorithm, "haepo/ChainMDP-v0", 0, config or {}, params, curves)
 
 
 def test_curves_are_interpolated_onto_a_common_grid_by_hand():
@@ -111,6 +114,21 @@ def test_curves_are_interpolated_onto_a_common_grid_by_hand():
     assert by_time.index.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert by_time.loc[3.0, "mean"] == pytest.approx(2.5)
     assert group.seconds_per_100_updates().tolist() == [100.0, 200.0]
+
+
+def test_sweeps_on_one_env_share_its_figures(tmp_path):
+    """Two experiments (a HAEPO sweep over lr, a PPO sweep) on one env: one figure section;
+    each experiment draws its best configuration (HAEPO's lr=0.1, final return 0.9)."""
+    trials = [
+        _trial([1, 2], [0.1, 0.2], [1.0, 2.0], experiment="chain-haepo", config={"lr": 0.01}),
+        _trial([1, 2], [0.5, 0.9], [1.0, 2.0], experiment="chain-haepo", config={"lr": 0.1}),
+        _trial([1, 2], [0.3, 0.4], [1.0, 2.0], experiment="chain-ppo", algorithm="PPO"),
+    ]
+    figures = write_figures(group_trials(trials), tmp_path)
+    assert {f.section for f in figures} == {"haepo/ChainMDP-v0 (length=5)"}
+    svg = (tmp_path / "haepo_ChainMDP-v0_length=5-return-vs-updates.svg").read_text()
+    assert "chain-haepo: HAEPO (lr=0.1, 1 seeds)" in svg and "chain-ppo: PPO (default, 1 seeds)" in svg
+    assert "lr=0.01" not in svg
 
 
 def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):

@@ -87,16 +87,16 @@ def render_html(report: Report, tracking_uri: str) -> str:
     """index.html: the results table, then every figure (PNG embedded as a data URI)."""
     table = report.table.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
     sections = []
-    for experiment in dict.fromkeys(f.experiment for f in report.figures):
+    for section in dict.fromkeys(f.section for f in report.figures):
         images = []
-        for figure in (f for f in report.figures if f.experiment == experiment):
+        for figure in (f for f in report.figures if f.section == section):
             data = base64.b64encode((report.out / f"{figure.stem}.png").read_bytes()).decode()
             images.append(
                 f'<figure><img alt="{html.escape(figure.title)}" src="data:image/png;base64,{data}">'
                 f'<figcaption>{html.escape(figure.title)} (<a href="{figure.stem}.svg">SVG</a>)'
                 "</figcaption></figure>"
             )
-        sections.append(f"<h2>{html.escape(experiment)}</h2>\n" + "\n".join(images))
+        sections.append(f"<h2>{html.escape(section)}</h2>\n" + "\n".join(images))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>haepo-ray report</title>
 <style>
@@ -111,7 +111,8 @@ figcaption {{ font-size: 0.8em; }}
 <h1>haepo-ray report</h1>
 <p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
 <code>{html.escape(tracking_uri)}</code>. Mean and std over seeds; updates are training
-iterations; curves show each algorithm's best configuration by final return.</p>
+iterations; per environment, the curves show each sweep's (experiment's) best configuration by
+final return.</p>
 {table}
 {chr(10).join(sections)}
 </body></html>

@@ -32,6 +32,10 @@ class Group:
     def config(self) -> dict:
         return self.trials[0].config
 
+    @property
+    def env_label(self) -> str:
+        return self.trials[0].env_label
+
     def metrics(self) -> list[str]:
         """Metrics every trial of the group has."""
         common = set.intersection(*(set(t.curves.columns) for t in self.trials))

@@ -1,10 +1,11 @@
 """The report's figures (matplotlib, no display): each written as PNG and SVG.
 
-Per experiment: learning curves against updates and against wall-clock seconds (one curve
-per algorithm: its best configuration by final return, mean +- std over seeds), per-step
-regret, success rate and policy entropy where the env or algorithm reports them, and
-heatmaps of the final return over lr x batch size and beta_ent x beta_kl (one per
-algorithm whose sweep varies both).
+Figures compare what ran on one environment (env id and env_config), whichever sweeps ran
+it: learning curves against updates and against wall-clock seconds with one curve per
+(experiment, algorithm), its best configuration by final return, mean +- std over seeds;
+per-step regret, success rate and policy entropy where the env or algorithm reports them;
+and heatmaps of the final return over lr x batch size and beta_ent x beta_kl, one per
+(experiment, algorithm) whose sweep varies both.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import re
+
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text in the SVGs (searchable)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -36,11 +40,16 @@ X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock sec
 
 @dataclass(frozen=True)
 class Figure:
-    """A written figure: its title and the stem of its ``.png`` / ``.svg`` files."""
+    """A written figure: its section (env label), title and the stem of its files."""
 
-    experiment: str
+    section: str
     title: str
     stem: str
+
+
+def slug(text: str) -> str:
+    """``haepo/ChainMDP-v0 (length=5)`` -> ``haepo_ChainMDP-v0_length=5``: a file-name stem."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", text).strip("_")
 
 
 def _save(fig, out: Path, stem: str) -> None:
@@ -60,7 +69,7 @@ def curve_figure(groups: list[Group], metric: str, x: str, ylabel: str, title: s
         curve = g.curve(metric, x)
         if curve.empty:
             continue
-        label = f"{g.algorithm} ({g.config_label}, {int(curve['n'].iloc[0])} seeds)"
+        label = f"{g.experiment}: {g.algorithm} ({g.config_label}, {int(curve['n'].iloc[0])} seeds)"
         ax.plot(curve.index, curve["mean"], label=label)
         ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.2)
         drawn = True
@@ -102,18 +111,18 @@ def write_figures(groups: list[Group], out: Path) -> list[Figure]:
     out.mkdir(parents=True, exist_ok=True)
     best = best_groups(groups)
     figures: list[Figure] = []
-    for experiment in sorted({g.experiment for g in groups}):
-        shown = [g for (exp, _), g in sorted(best.items()) if exp == experiment]
+    for section in sorted({g.env_label for g in groups}):
+        shown = [g for _, g in sorted(best.items()) if g.env_label == section]
         for name, (metric, x, ylabel) in CURVES.items():
-            stem = f"{experiment}-{name}"
-            title = f"{experiment}: {ylabel} vs {X_LABELS[x].split(' (')[0]}"
+            stem = f"{slug(section)}-{name}"
+            title = f"{section}: {ylabel} vs {X_LABELS[x].split(' (')[0]}"
             if curve_figure(shown, metric, x, ylabel, title, out, stem):
-                figures.append(Figure(experiment, title, stem))
-        for algorithm in sorted({g.algorithm for g in groups if g.experiment == experiment}):
-            members = [g for g in groups if g.experiment == experiment and g.algorithm == algorithm]
+                figures.append(Figure(section, title, stem))
+        for experiment, algorithm in sorted({(g.experiment, g.algorithm) for g in shown}):
+            members = [g for g in groups if (g.experiment, g.algorithm) == (experiment, algorithm)]
             for name, (row_key, col_keys) in HEATMAP_AXES.items():
-                stem = f"{experiment}-{algorithm}-heatmap-{name}"
+                stem = slug(f"{experiment}-{algorithm}-heatmap-{name}")
                 title = f"{experiment}, {algorithm}: final return over {row_key} x {col_keys[0]}"
                 if heatmap_figure(members, row_key, col_keys, title, out, stem):
-                    figures.append(Figure(experiment, title, stem))
+                    figures.append(Figure(section, title, stem))
     return figures

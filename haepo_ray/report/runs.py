@@ -49,6 +49,13 @@ class Trial:
         """(experiment, algorithm, configuration label): trials that differ only in seed."""
         return self.experiment, self.algorithm, config_label(self.config)
 
+    @property
+    def env_label(self) -> str:
+        """The env id with its env_config, e.g. ``haepo/ChainMDP-v0 (length=5)``: trials
+        with one env label are comparable, whichever sweep ran them."""
+        env_config = {k.split("/", 1)[1]: v for k, v in self.params.items() if k.startswith("env_config/")}
+        return f"{self.env} ({config_label(env_config)})" if env_config else self.env
+
 
 def config_label(config: dict[str, Any]) -> str:
     """``lr=0.001, episodes_per_batch=8`` (sorted); ``default`` for an empty configuration."""
