@@ -35,7 +35,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
 
 def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any]):
     """An RLlib AlgorithmConfig for ``algo`` (a Tune name, e.g. ``HAEPO`` or ``PPO``) on ``env``."""
-    import haepo_ray.algorithm  # noqa: F401  (registers "HAEPO" with Tune)
+    import haepo_ray.baselines  # noqa: F401  (registers "HAEPO", "DPO" and "GRPO" with Tune)
     from ray.tune.registry import get_trainable_cls
 
     from haepo_ray.envs import check_env_id
@@ -48,7 +48,7 @@ def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
     try:
         algo_cls = get_trainable_cls(algo)
     except Exception:
-        raise UsageError(f"unknown algorithm {algo!r}: use HAEPO or an RLlib name such as PPO") from None
+        raise UsageError(f"unknown algorithm {algo!r}: use HAEPO, DPO, GRPO or an RLlib name such as PPO") from None
     config = algo_cls.get_default_config().environment(env).debugging(seed=seed)
     try:
         apply_settings(config, overrides)
@@ -144,7 +144,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one trial locally and write a checkpoint")
     train.add_argument("--env", required=True, help="a gymnasium id, e.g. CartPole-v1 or haepo/ChainMDP-v0")
-    train.add_argument("--algo", default="HAEPO", help="HAEPO (default) or an RLlib algorithm name, e.g. PPO")
+    train.add_argument("--algo", default="HAEPO", help="HAEPO (default), DPO, GRPO or an RLlib algorithm name, e.g. PPO")
     stop = train.add_argument_group("stop criteria (any that is met stops; default --stop-iters 100)")
     stop.add_argument("--stop-iters", type=int, help="training iterations")
     stop.add_argument("--stop-time", type=float, help="wall-clock seconds")

@@ -70,3 +70,11 @@ def test_train_runs_and_writes_a_loadable_checkpoint(tmp_path):
 
     module = RLModule.from_checkpoint(ckpt / "learner_group" / "learner" / "rl_module" / "default_policy")
     assert sum(p.numel() for p in module.parameters()) > 0
+
+
+@pytest.mark.parametrize("algo", ["DPO", "GRPO"])
+def test_train_knows_the_baselines(algo):
+    from haepo_ray.cli import build_config
+
+    config = build_config(algo, "haepo/ChainMDP-v0", 0, {"lr": 0.05})
+    assert type(config).__name__ == f"{algo}Config" and config.lr == 0.05

@@ -164,6 +164,7 @@ def test_missing_stop_and_required_keys(tmp_path):
 def test_unknown_algorithm_env_and_setting(tmp_path):
     message = _error(tmp_path, _spec(algorithm="HAPEO"))
     assert "algorithm: unknown algorithm 'HAPEO'" in message and "HAEPO" in message and "PPO" in message
+    assert "DPO" in message and "GRPO" in message
     message = _error(tmp_path, _spec(env="haepo/Chain-v9"))
     assert "env:" in message and "haepo/ChainMDP-v0" in message
     message = _error(tmp_path, _spec(env_config={"lenght": 3}))

@@ -440,7 +440,7 @@ def _config_class_defaults(algorithm: str):
 
 
 def _known_algorithms() -> list[str]:
-    names = ["HAEPO"]
+    names = ["HAEPO", "DPO", "GRPO"]
     try:
         from ray.rllib.algorithms.registry import ALGORITHMS
 
