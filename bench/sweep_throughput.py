@@ -3,7 +3,7 @@ and the time of the paper's full HAEPO bandit grid. Results: BENCHMARKS.md.
 
     python bench/sweep_throughput.py parts            # where a trial's fixed cost goes
     python bench/sweep_throughput.py tiny             # 16 tiny bandit trials, 3 set-ups
-    python bench/sweep_throughput.py paper-bandit     # tune_configs/bandit_k{10,20,30}.yaml
+    python bench/sweep_throughput.py paper-bandit     # tune_configs/paper/bandit_k{10,20,30}_haepo.yaml
     python bench/sweep_throughput.py all              # the three, in this order
 
 Every run uses one embedded Ray with ``--num-cpus`` CPUs (default 2), started once and not
@@ -224,7 +224,7 @@ def bench_paper_bandit(root: Path, slots: int, ks: list[int], track: bool = True
 
     rows = []
     for k in ks:
-        spec = load_spec(REPO / "tune_configs" / f"bandit_k{k}.yaml")
+        spec = load_spec(REPO / "tune_configs" / "paper" / f"bandit_k{k}_haepo.yaml")
         row = run_one(spec, root, track, slots)
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -16,15 +16,15 @@ from haepo_ray.sweep.spec import SpecError, load_spec, param_space, parse_spec
 from haepo_ray.sweep.tuner import dry_run, planned_trials
 
 REPO = Path(__file__).resolve().parents[1]
-SPECS = sorted((REPO / "tune_configs").glob("*.yaml"))
+SPECS = sorted((REPO / "tune_configs").rglob("*.yaml"))
 
 # Trials each spec must plan (the paper's grids).
 EXPECTED_TRIALS = {
-    "smoke": 4,
-    "bandit_k10": 45, "bandit_k20": 45, "bandit_k30": 45,
-    "random_walk_n10": 5, "random_walk_n20": 5,
-    "cartpole_haepo": 5, "cartpole_haepo_noreg": 5, "cartpole_ppo": 5, "cartpole_pbt": 8,
-    "chain_mdp": 10, "newsvendor": 10,
+    "smoke": 4, "cartpole_pbt": 8,
+    **{f"bandit_k{k}_{a}": 45 for k in (10, 20, 30) for a in ("haepo", "ppo", "dpo")},
+    **{f"random_walk_n{n}_{a}": 5 for n in (10, 20) for a in ("haepo", "ppo", "dpo")},
+    "cartpole_haepo": 5, "cartpole_haepo_noreg": 5, "cartpole_ppo": 5,
+    "chain_mdp_haepo": 10, "newsvendor_haepo": 10,
 }
 
 
@@ -47,7 +47,7 @@ def test_every_spec_validates_and_dry_runs(path, monkeypatch, tmp_path):
 
 
 def test_the_bandit_grid_is_the_papers():
-    spec = load_spec(REPO / "tune_configs" / "bandit_k20.yaml")
+    spec = load_spec(REPO / "tune_configs" / "paper" / "bandit_k20_haepo.yaml")
     trials = planned_trials(spec)
     assert {(t.values["lr"], t.values["batch_size"], t.values["seed"]) for t in trials} == {
         (lr, m, s) for lr in (1e-3, 2e-3, 5e-3) for m in (8, 16, 32) for s in range(5)}
@@ -231,3 +231,14 @@ def test_trial_resources_cpus_and_fractional_gpus():
     assert trial_resources(spec) == {"CPU": 2.0, "GPU": 0.5}
     spec = parse_spec(_spec(resources={"cpus": 2}), "cpu.yaml")
     assert trial_resources(spec) == {"CPU": 2.0}
+
+
+def test_dry_run_names_the_trial_whose_config_is_invalid():
+    """The fixed settings are valid, one trial's search values are not (PPO's default
+    minibatch of 128 exceeds a batch of 8): a SpecError naming the trial, no traceback."""
+    spec = parse_spec({
+        "algorithm": "PPO", "env": "haepo/ChainMDP-v0",
+        "search_space": {"batch_size": {"grid": [8]}}, "stop": {"iterations": 1},
+    }, "ppo.yaml")
+    with pytest.raises(SpecError, match=r"ppo.yaml: trial 0 \{'batch_size': 8\}: `minibatch_size` \(128\)"):
+        dry_run(spec, out=io.StringIO())

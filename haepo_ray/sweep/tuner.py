@@ -329,6 +329,11 @@ def dry_run(spec: SweepSpec, *, out: TextIO = sys.stdout, experiment: str | None
     from haepo_ray import tracking
 
     trials = planned_trials(spec)
+    for t in trials or []:  # before anything builds a trial's config (resources do)
+        try:
+            spec_mod.algo_config(spec, t.values)
+        except SpecError as err:
+            raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"sweep {spec.source or spec.experiment}: {spec.algorithm} on {spec.env} {spec.env_config or ''}")
     p(f"  search: {spec.search.algorithm}, num_samples {spec.search.num_samples}"
@@ -353,11 +358,6 @@ def dry_run(spec: SweepSpec, *, out: TextIO = sys.stdout, experiment: str | None
         spec_mod.algo_config(spec, {})
         return None
     names = list(spec.search_space)
-    for t in trials:
-        try:
-            spec_mod.algo_config(spec, t.values)
-        except SpecError as err:
-            raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
     random = any(d.kind not in ("grid",) for d in spec.search_space.values())
     p(f"  {len(trials)} trials" + (" (random draws: examples, set search.seed to fix them)"
                                    if random and spec.search.seed is None else "") + ":")
