@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Reproduce the paper's experiments: run every spec of an experiment in tune_configs/paper/
+# (one per algorithm) into one MLflow store, then `haepo report` compares them.
+#
+#   bench/reproduce.sh chain_mdp newsvendor cartpole random_walk_n10 bandit_k10 ...
+#   bench/reproduce.sh                      # all: chain_mdp newsvendor cartpole
+#                                           #      random_walk_n10 random_walk_n20
+#                                           #      bandit_k10 bandit_k20 bandit_k30
+#
+# Output (REPRO_DIR, default .haepo/reproduction): mlflow.db, ray_results/, and per
+# experiment report-<experiment>/ (index.html, results.md/.csv, figures). Each spec's wall
+# time is printed and appended to times.tsv. A spec whose sweep fails is reported and the
+# others still run; the exit code is then 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+haepo=${HAEPO:-.venv/bin/haepo}
+out=${REPRO_DIR:-.haepo/reproduction}
+mkdir -p "$out"
+uri="sqlite:///$(cd "$out" && pwd)/mlflow.db"
+experiments=("$@")
+[ ${#experiments[@]} -gt 0 ] || experiments=(chain_mdp newsvendor cartpole random_walk_n10
+                                             random_walk_n20 bandit_k10 bandit_k20 bandit_k30)
+status=0
+for experiment in "${experiments[@]}"; do
+    specs=(tune_configs/paper/"${experiment}"_*.yaml)
+    if [ ! -e "${specs[0]}" ]; then
+        echo "no specs tune_configs/paper/${experiment}_*.yaml" >&2
+        exit 2
+    fi
+    names=()
+    for spec in "${specs[@]}"; do
+        name=$(basename "$spec" .yaml)
+        names+=(--experiment "$name")
+        start=$SECONDS
+        if "$haepo" sweep "$spec" --tracking-uri "$uri" --storage-path "$out/ray_results" --quiet; then
+            result=ok
+        else
+            result=failed
+            status=1
+        fi
+        printf '%s\t%s\t%d\n' "$name" "$result" $((SECONDS - start)) | tee -a "$out/times.tsv"
+    done
+    "$haepo" report --tracking-uri "$uri" "${names[@]}" --out "$out/report-$experiment" || status=1
+done
+exit $status
