@@ -380,14 +380,7 @@ class MLflowSweepCallback(Callback):
             return exp.experiment_id
 
     def _search(self, filter_string: str) -> list:
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=filter_string,
-                                           max_results=1000, page_token=token)
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
+        return search_all_runs(self.client, self.experiment_id, filter_string)
 
     def _find_parent(self) -> str | None:
         if self.sweep_dir is None:
@@ -936,11 +929,16 @@ def find_sweep_runs(tracking_uri: str, experiment_name: str, parent_run_id: str 
         parent = parents[0]
     else:
         parent = client.get_run(parent_run_id)
-    children, token = [], None
+    return parent, search_all_runs(client, exp.experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+
+
+def search_all_runs(client, experiment_id: str, filter_string: str) -> list:
+    """Every run of the experiment that matches ``filter_string``, over all result pages."""
+    runs, token = [], None
     while True:
-        page = client.search_runs([exp.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+        page = client.search_runs([experiment_id], filter_string=filter_string,
                                   max_results=1000, page_token=token)
-        children.extend(page)
+        runs.extend(page)
         token = page.token
         if not token:
-            return parent, children
+            return runs

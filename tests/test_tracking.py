@@ -174,7 +174,9 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
     monkeypatch.chdir(tmp_path)
     data = yaml.safe_load(SMOKE.read_text())
     data.update(name="doomed", search_space={"seed": {"grid": [0, 1]}})
-    data["stop"] = {"iterations": 12}
+    # 30 iterations of >= 0.5 s: time for the server to store a child run (the kill's
+    # trigger) before the trials end, also on a loaded machine.
+    data["stop"] = {"iterations": 30}
     data["settings"].update(lr=0.05, min_time_s_per_iteration=0.5)
     spec = parse_spec(data, "doomed.yaml")
     killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db)
@@ -185,9 +187,9 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
                            callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 2})
 
     assert mlflow_server.proc.poll() is not None, "the server was not killed"
-    assert killer.killed_at is not None and killer.killed_at < 12, killer.killed_at
+    assert killer.killed_at is not None and killer.killed_at < 30, killer.killed_at
     # The sweep went on and finished every trial.
-    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 12)] * 2
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 30)] * 2
     # ... and says what was not logged: metrics (with their steps), statuses, checkpoints.
     whats = {n.what for n in result.not_logged}
     assert {"metrics", "status", "artifact"} <= whats, whats

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from haepo_ray.tracking import PARENT_TAG, ROLE_TAG
+from haepo_ray.tracking import PARENT_TAG, ROLE_TAG, search_all_runs
 
 ITERATION = "training_iteration"
 SECONDS = "time_total_s"
@@ -117,7 +117,7 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
         exps = client.search_experiments()
     trials: list[Trial] = []
     for exp in exps:
-        runs = _search_all(client, exp.experiment_id, f"tags.`{ROLE_TAG}` = 'trial'")
+        runs = search_all_runs(client, exp.experiment_id, f"tags.`{ROLE_TAG}` = 'trial'")
         if experiments and not runs:
             raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials")
         for run in runs:
@@ -137,12 +137,3 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
             ))
     return trials
 
-
-def _search_all(client, experiment_id: str, filter_string: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
