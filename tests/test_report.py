@@ -117,18 +117,24 @@ def test_curves_are_interpolated_onto_a_common_grid_by_hand():
 
 
 def test_sweeps_on_one_env_share_its_figures(tmp_path):
-    """Two experiments (a HAEPO sweep over lr, a PPO sweep) on one env: one figure section;
-    each experiment draws its best configuration (HAEPO's lr=0.1, final return 0.9)."""
+    """Three sweeps on one env share its figures: a HAEPO grid of 5 learning rates draws its
+    best (lr=0.8, final return 0.9); a 2-configuration sweep (zscore vs sum) draws both; and
+    a PPO sweep its one."""
     trials = [
-        _trial([1, 2], [0.1, 0.2], [1.0, 2.0], experiment="chain-haepo", config={"lr": 0.01}),
-        _trial([1, 2], [0.5, 0.9], [1.0, 2.0], experiment="chain-haepo", config={"lr": 0.1}),
+        _trial([1, 2], [0.1, 0.1 + lr], [1.0, 2.0], experiment="chain-haepo", config={"lr": lr})
+        for lr in (0.1, 0.2, 0.3, 0.4, 0.8)
+    ] + [
+        _trial([1, 2], [0.2, 0.3], [1.0, 2.0], experiment="chain-norm", config={"norm": "sum"}),
+        _trial([1, 2], [0.2, 0.5], [1.0, 2.0], experiment="chain-norm", config={"norm": "zscore"}),
         _trial([1, 2], [0.3, 0.4], [1.0, 2.0], experiment="chain-ppo", algorithm="PPO"),
     ]
     figures = write_figures(group_trials(trials), tmp_path)
     assert {f.section for f in figures} == {"haepo/ChainMDP-v0 (length=5)"}
     svg = (tmp_path / "haepo_ChainMDP-v0_length=5-return-vs-updates.svg").read_text()
-    assert "chain-haepo: HAEPO (lr=0.1, 1 seeds)" in svg and "chain-ppo: PPO (default, 1 seeds)" in svg
-    assert "lr=0.01" not in svg
+    assert "chain-haepo: HAEPO (lr=0.8, 1 seeds)" in svg
+    assert not any(f"lr={lr}," in svg for lr in (0.1, 0.2, 0.3, 0.4))
+    assert "chain-norm: HAEPO (norm=sum, 1 seeds)" in svg and "chain-norm: HAEPO (norm=zscore, 1 seeds)" in svg
+    assert "chain-ppo: PPO (default, 1 seeds)" in svg
 
 
 def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):

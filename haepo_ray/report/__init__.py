@@ -111,8 +111,8 @@ figcaption {{ font-size: 0.8em; }}
 <h1>haepo-ray report</h1>
 <p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
 <code>{html.escape(tracking_uri)}</code>. Mean and std over seeds; updates are training
-iterations; per environment, the curves show each sweep's (experiment's) best configuration by
-final return.</p>
+iterations; per environment, the curves show every configuration of a sweep of up to four,
+and the best one, by final return, of a larger grid (its heatmaps show the rest).</p>
 {table}
 {chr(10).join(sections)}
 </body></html>

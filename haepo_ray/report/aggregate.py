@@ -124,14 +124,22 @@ def results_table(groups: list[Group]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def best_groups(groups: list[Group], metric: str = RETURN, mode: str = "max") -> dict[tuple[str, str], Group]:
-    """Per (experiment, algorithm): the configuration with the best mean final ``metric``."""
-    best: dict[tuple[str, str], tuple[float, Group]] = {}
-    sign = 1.0 if mode == "max" else -1.0
+def curve_groups(groups: list[Group], max_configs: int = 4, metric: str = RETURN,
+                 mode: str = "max") -> list[Group]:
+    """The groups a comparison figure draws: every configuration of a sweep (experiment and
+    algorithm) with at most ``max_configs`` of them (e.g. zscore vs sum), else the sweep's
+    best configuration by mean final ``metric`` (its grid is in the heatmaps)."""
+    sweeps: dict[tuple[str, str], list[Group]] = defaultdict(list)
     for g in groups:
+        sweeps[(g.experiment, g.algorithm)].append(g)
+    sign = 1.0 if mode == "max" else -1.0
+
+    def score(g: Group) -> float:
         values = g.final(metric)
-        score = sign * float(np.nanmean(values)) if not np.isnan(values).all() else -np.inf
-        key = (g.experiment, g.algorithm)
-        if key not in best or score > best[key][0]:
-            best[key] = (score, g)
-    return {key: g for key, (_, g) in best.items()}
+        return -np.inf if np.isnan(values).all() else sign * float(np.nanmean(values))
+
+    shown: list[Group] = []
+    for key in sorted(sweeps):
+        members = sweeps[key]
+        shown += members if len(members) <= max_configs else [max(members, key=score)]
+    return shown

@@ -1,8 +1,9 @@
 """The report's figures (matplotlib, no display): each written as PNG and SVG.
 
 Figures compare what ran on one environment (env id and env_config), whichever sweeps ran
-it: learning curves against updates and against wall-clock seconds with one curve per
-(experiment, algorithm), its best configuration by final return, mean +- std over seeds;
+it: learning curves against updates and against wall-clock seconds, mean +- std over seeds,
+for every configuration of a sweep of up to 4 (zscore vs sum, say) and for the best one, by
+final return, of a larger grid;
 per-step regret, success rate and policy entropy where the env or algorithm reports them;
 and heatmaps of the final return over lr x batch size and beta_ent x beta_kl, one per
 (experiment, algorithm) whose sweep varies both.
@@ -23,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from haepo_ray.report.aggregate import Group, best_groups  # noqa: E402
+from haepo_ray.report.aggregate import Group, curve_groups  # noqa: E402
 from haepo_ray.report.runs import ENTROPY, ITERATION, REGRET, RETURN, SECONDS, SUCCESS  # noqa: E402
 
 BATCH_KEYS = ("episodes_per_batch", "train_batch_size_per_learner", "batch_size")
@@ -109,10 +110,10 @@ def heatmap_figure(groups: list[Group], row_key: str, col_keys: tuple[str, ...],
 def write_figures(groups: list[Group], out: Path) -> list[Figure]:
     """Every figure the groups support, written to ``out``; the list of what was written."""
     out.mkdir(parents=True, exist_ok=True)
-    best = best_groups(groups)
+    drawn = curve_groups(groups)
     figures: list[Figure] = []
     for section in sorted({g.env_label for g in groups}):
-        shown = [g for _, g in sorted(best.items()) if g.env_label == section]
+        shown = [g for g in drawn if g.env_label == section]
         for name, (metric, x, ylabel) in CURVES.items():
             stem = f"{slug(section)}-{name}"
             title = f"{section}: {ylabel} vs {X_LABELS[x].split(' (')[0]}"
