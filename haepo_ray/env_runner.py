@@ -7,10 +7,14 @@ contributes exactly its first episode, and the other envs are parked (they retur
 last observation without stepping and are not counted as env steps), so the episodes of
 a batch are i.i.d. draws of the policy, as HAEPO's listwise weights assume.
 
-Seeding: RLlib 2.60's ``sample(num_episodes=n)`` re-seeds every env with the configured seed on
-each call, so with ``config.debugging(seed=...)`` every batch would start from the same
-initial states and draw the same env noise. This runner seeds its envs only at the first
-reset; later resets continue each env's own random stream. Its state (and so an
+Seeding: RLlib 2.60 seeds env runner w with ``seed + w`` and its vector env gives sub-env i
+``seed + w + i``: runner 2's env i replays runner 1's env i + 1 (duplicate episodes in one
+batch), and trials with seeds s and s + 1 share most of their env streams. This runner gives
+every sub-env its own seed, drawn from ``numpy.random.SeedSequence([seed, w, evaluation])``,
+so envs, runners and trial seeds draw independent streams. RLlib 2.60's
+``sample(num_episodes=n)`` also re-seeds every env at each call, so every batch would start
+from the same initial states and draw the same env noise. This runner seeds its envs only at
+the first reset; later resets continue each env's own random stream. Its state (and so an
 Algorithm checkpoint) also holds the random state of its envs and of PyTorch's sampler,
 so a restored algorithm with one env runner (``num_env_runners=0``) continues exactly as
 the original would have; with remote runners, the runner whose state was saved takes it
@@ -81,6 +85,12 @@ class OneEpisodePerRound(gym.Wrapper):
 
 class HAEPOEnvRunner(SingleAgentEnvRunner):
     """A SingleAgentEnvRunner that samples unbiased complete episodes and seeds its envs once."""
+
+    def __init__(self, *, config, **kwargs: Any):
+        super().__init__(config=config, **kwargs)
+        if self._seed is not None:  # one independent seed per sub-env (module docstring)
+            entropy = [config.seed, self.worker_index or 0, int(config.in_evaluation)]
+            self._seed = [int(s) for s in np.random.SeedSequence(entropy).generate_state(self.num_envs)]
 
     def make_env(self) -> None:
         super().make_env()
@@ -153,10 +163,10 @@ class HAEPOEnvRunner(SingleAgentEnvRunner):
             running[i] = _EpisodeRecord(obs, info)
             started += 1
 
-        # Seeded once, as gymnasium seeds a vector env (sub-env i gets seed + i); an env this
-        # call does not use is reset once so that it, too, starts from its seed later.
+        # Seeded once, each env from its own seed; an env this call does not use is reset
+        # once so that it, too, starts from its seed later.
         for i, env in enumerate(envs):
-            env_seed = None if seed is None else seed + i
+            env_seed = None if seed is None else seed[i]
             if i < num_episodes:
                 start(i, env_seed)
             elif env_seed is not None:

@@ -188,6 +188,32 @@ def test_lean_sampling_reproduces_rllibs_loop_exactly(ray_session):
             )
 
 
+def _demand_streams(seed: int, worker_index: int, envs: int = 4, calls: int = 5) -> list[tuple]:
+    """Each sub-env's newsvendor demands over ``calls`` batches of one episode per env."""
+    from haepo_ray.env_runner import HAEPOEnvRunner
+
+    config = (HAEPOConfig().environment("haepo/Newsvendor-v0")
+              .env_runners(num_envs_per_env_runner=envs).debugging(seed=seed))
+    runner = HAEPOEnvRunner(config=config, worker_index=worker_index)
+    streams: list[list[int]] = [[] for _ in range(envs)]
+    try:
+        for _ in range(calls):
+            for i, episode in enumerate(runner.sample(num_episodes=envs)):  # 1-step episodes, env order
+                streams[i].append(int(episode.get_infos()[-1]["demand"]))
+    finally:
+        runner.stop()
+    return [tuple(stream) for stream in streams]
+
+
+def test_env_streams_are_independent_across_envs_runners_and_seeds(ray_session):
+    """RLlib seeds sub-env i of runner w with seed + w + i: runner 2's env 0 would replay
+    runner 1's env 1, and trial seed 1 would replay seed 0's streams shifted by one env."""
+    streams = {key: _demand_streams(*key) for key in [(0, 1), (0, 2), (1, 1)]}
+    every = [stream for runner in streams.values() for stream in runner]
+    assert len(set(every)) == len(every) == 12
+    assert _demand_streams(0, 1) == streams[(0, 1)]  # and reproducible
+
+
 def test_first_gradient_step_uses_the_behavior_log_likelihood(ray_session):
     """At the first gradient step on a batch, L_k equals the sum of the behaviour log-probs."""
     results, algo = train(chain_config().training(num_epochs=1), 2)
