@@ -5,7 +5,8 @@
 over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
 
 - ``results.csv`` and ``results.md``: one row per group (final metrics, mean and std over
-  seeds; wall-clock seconds per 100 updates);
+  seeds; wall-clock seconds per 100 updates). The return is RLlib 2.60's
+  ``env_runners/episode_return_mean``: the mean over the episodes of that iteration;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
   no network access needed).
