@@ -3,7 +3,8 @@
 The paper plots per-step regret (bandit) and success rate (random walk). The envs put
 ``regret`` and ``success`` in their step infos; this callback logs, per completed
 episode, the mean regret per step and whether it succeeded, under ``env_runners/`` in
-every algorithm's results (HAEPO, the baselines and RLlib's PPO alike).
+every algorithm's results: HAEPO and the baselines have it by default, and sweeps and
+``haepo train`` add it to other algorithms (RLlib's PPO) with :func:`add_episode_info_metrics`.
 """
 
 from __future__ import annotations
@@ -30,3 +31,11 @@ class EpisodeInfoMetrics(RLlibCallback):
             if values and metrics_logger is not None:
                 value = float(np.mean(values)) if reduction == "mean" else values[-1]
                 metrics_logger.log_value(metric, value, reduce="mean", window=100)
+
+
+def add_episode_info_metrics(config) -> None:
+    """Gives ``config`` (any RLlib algorithm's) the :class:`EpisodeInfoMetrics` callback if it
+    has RLlib's default callbacks, so that sweeps and ``haepo train`` report regret and
+    success rate for every algorithm; a config with callbacks of its own keeps them."""
+    if config.callbacks_class is RLlibCallback:
+        config.callbacks(EpisodeInfoMetrics)

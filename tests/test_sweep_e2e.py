@@ -295,7 +295,7 @@ def _tiny(**overrides) -> dict:
 
 def test_ppo_sweep_on_a_haepo_env(ray_session, tmp_path, monkeypatch):
     """RLlib's PPO runs from a spec too; its trials make the haepo envs; batch_size is its
-    train_batch_size_per_learner."""
+    train_batch_size_per_learner; it reports the envs' success rate like HAEPO."""
     monkeypatch.chdir(tmp_path)
     spec = parse_spec(_tiny(name="ppo", algorithm="PPO",
                             settings={"num_env_runners": 0, "batch_size": 64, "minibatch_size": 32,
@@ -311,6 +311,8 @@ def test_ppo_sweep_on_a_haepo_env(ray_session, tmp_path, monkeypatch):
         assert child.data.tags["haepo.algorithm"] == "PPO"
         assert child.data.params["_train_batch_size_per_learner"] == "64"
         assert child.data.metrics["env_runners/num_env_steps_sampled_lifetime"] >= 128
+        # The paper's episode metrics, as for HAEPO (the chain MDP reports success).
+        assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0
 
 
 def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):
