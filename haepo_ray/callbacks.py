@@ -4,7 +4,7 @@ The paper plots per-step regret (bandit) and success rate (random walk). The env
 ``regret`` and ``success`` in their step infos; this callback logs, per completed
 episode, the mean regret per step and whether it succeeded, under ``env_runners/`` in
 every algorithm's results: HAEPO and the baselines have it by default, and sweeps and
-``haepo train`` add it to other algorithms (RLlib's PPO) with :func:`add_episode_info_metrics`.
+``haepo train`` add it to other algorithms (RLlib's PPO): :func:`haepo_ray.settings.apply_defaults`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,3 @@ class EpisodeInfoMetrics(RLlibCallback):
                 value = float(np.mean(values)) if reduction == "mean" else values[-1]
                 metrics_logger.log_value(metric, value, reduce="mean", window=100)
 
-
-def add_episode_info_metrics(config) -> None:
-    """Gives ``config`` (any RLlib algorithm's) the :class:`EpisodeInfoMetrics` callback if it
-    has RLlib's default callbacks, so that sweeps and ``haepo train`` report regret and
-    success rate for every algorithm; a config with callbacks of its own keeps them."""
-    if config.callbacks_class is RLlibCallback:
-        config.callbacks(EpisodeInfoMetrics)

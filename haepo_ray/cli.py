@@ -38,9 +38,8 @@ def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
     import haepo_ray.baselines  # noqa: F401  (registers "HAEPO", "DPO" and "GRPO" with Tune)
     from ray.tune.registry import get_trainable_cls
 
-    from haepo_ray.callbacks import add_episode_info_metrics
     from haepo_ray.envs import check_env_id
-    from haepo_ray.settings import apply_settings
+    from haepo_ray.settings import apply_defaults, apply_settings
 
     try:
         check_env_id(env)
@@ -51,7 +50,7 @@ def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
     except Exception:
         raise UsageError(f"unknown algorithm {algo!r}: use HAEPO, DPO, GRPO or an RLlib name such as PPO") from None
     config = algo_cls.get_default_config().environment(env).debugging(seed=seed)
-    add_episode_info_metrics(config)
+    apply_defaults(config)
     try:
         apply_settings(config, overrides)
         config.validate()

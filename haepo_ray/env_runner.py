@@ -83,14 +83,22 @@ class OneEpisodePerRound(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-class HAEPOEnvRunner(SingleAgentEnvRunner):
-    """A SingleAgentEnvRunner that samples unbiased complete episodes and seeds its envs once."""
+class IndependentSeedsEnvRunner(SingleAgentEnvRunner):
+    """RLlib's SingleAgentEnvRunner with an independent seed per sub-env (module docstring).
+
+    Sweeps and ``haepo train`` give it to algorithms that use RLlib's default env runner
+    (PPO), so that their seeds, too, are independent (:func:`haepo_ray.settings.apply_defaults`).
+    """
 
     def __init__(self, *, config, **kwargs: Any):
         super().__init__(config=config, **kwargs)
-        if self._seed is not None:  # one independent seed per sub-env (module docstring)
+        if self._seed is not None:
             entropy = [config.seed, self.worker_index or 0, int(config.in_evaluation)]
             self._seed = [int(s) for s in np.random.SeedSequence(entropy).generate_state(self.num_envs)]
+
+
+class HAEPOEnvRunner(IndependentSeedsEnvRunner):
+    """A SingleAgentEnvRunner that samples unbiased complete episodes and seeds its envs once."""
 
     def make_env(self) -> None:
         super().make_env()

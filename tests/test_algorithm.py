@@ -214,6 +214,28 @@ def test_env_streams_are_independent_across_envs_runners_and_seeds(ray_session):
     assert _demand_streams(0, 1) == streams[(0, 1)]  # and reproducible
 
 
+@pytest.mark.parametrize("runner_name", ["HAEPOEnvRunner", "IndependentSeedsEnvRunner"])
+def test_rllib_loop_seeds_every_sub_env_independently(ray_session, runner_name):
+    """The first observations of 4 CartPoles of runners (seed 0, runner 1), (0, 2) and (1, 1),
+    sampled through RLlib's loop (as PPO samples): 12 distinct initial states, reproducible."""
+    from haepo_ray import env_runner
+
+    def first_observations(seed: int, worker_index: int) -> list[tuple]:
+        config = (HAEPOConfig().environment("CartPole-v1")
+                  .env_runners(num_envs_per_env_runner=4).debugging(seed=seed))
+        runner = getattr(env_runner, runner_name)(config=config, worker_index=worker_index)
+        try:
+            episodes = runner.sample(num_timesteps=4)
+        finally:
+            runner.stop()
+        return [tuple(np.round(e.get_observations(0), 6)) for e in episodes]
+
+    observations = {key: first_observations(*key) for key in [(0, 1), (0, 2), (1, 1)]}
+    every = [obs for runner in observations.values() for obs in runner]
+    assert len(set(every)) == len(every) == 12
+    assert first_observations(0, 1) == observations[(0, 1)]
+
+
 def test_first_gradient_step_uses_the_behavior_log_likelihood(ray_session):
     """At the first gradient step on a batch, L_k equals the sum of the behaviour log-probs."""
     results, algo = train(chain_config().training(num_epochs=1), 2)

@@ -8,6 +8,7 @@ histories, indexed by training iteration.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,8 +54,16 @@ class Trial:
     def env_label(self) -> str:
         """The env id with its env_config, e.g. ``haepo/ChainMDP-v0 (length=5)``: trials
         with one env label are comparable, whichever sweep ran them."""
-        env_config = {k.split("/", 1)[1]: v for k, v in self.params.items() if k.startswith("env_config/")}
+        env_config = {k.split("/", 1)[1]: _env_value(v) for k, v in self.params.items()
+                      if k.startswith("env_config/")}
         return f"{self.env} ({config_label(env_config)})" if env_config else self.env
+
+
+def _env_value(value: str) -> str:
+    """A long list (a bandit's arm means) as its length and a digest, e.g. ``[10 values #1a2b3c]``."""
+    if value.startswith("[") and value.count(",") >= 4:
+        return f"[{value.count(',') + 1} values #{hashlib.sha1(value.encode()).hexdigest()[:6]}]"
+    return value
 
 
 def config_label(config: dict[str, Any]) -> str:
@@ -74,8 +83,9 @@ def _search_values(run) -> dict[str, Any]:
         values = json.loads(raw)
     except json.JSONDecodeError:
         return {}
-    # Tune's keys are config paths, e.g. "config/lr" or "lr": keep the last part.
-    return {key.rsplit("/", 1)[-1]: value for key, value in values.items()}
+    # Tune's keys are config paths, e.g. "config/lr" or "lr": keep the last part, without
+    # RLlib's underscore for settings stored behind a property (_train_batch_size_per_learner).
+    return {key.rsplit("/", 1)[-1].lstrip("_"): value for key, value in values.items()}
 
 
 def _curves(client, run) -> pd.DataFrame:

@@ -565,11 +565,11 @@ def _normalise_setting_names(config, values: Mapping[str, Any]) -> dict[str, Any
 def algo_config(spec: SweepSpec, values: Mapping[str, Any] | None = None, *, validate: bool = True):
     """The RLlib AlgorithmConfig of one trial: defaults, env, settings, resources, then
     ``values`` (one point of the search space, by setting name)."""
-    from haepo_ray.callbacks import add_episode_info_metrics
+    from haepo_ray.settings import apply_defaults
 
     _, config = _config_class_defaults(spec.algorithm)
     config.environment(spec.env, env_config=dict(spec.env_config))
-    add_episode_info_metrics(config)
+    apply_defaults(config)
     _apply_resources(config, spec.resources)
     config.update_from_dict(_normalise_setting_names(config, spec.settings))
     if values:
