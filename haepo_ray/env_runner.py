@@ -123,15 +123,18 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
                 for i, wrapper in enumerate(rounds):
                     wrapper.start_round(active=i < k)
                 episodes += super().sample(*args, num_episodes=k, **kwargs)
-        self._seed = None  # the envs are seeded; later resets continue their streams
         return episodes
 
     def _sample(self, *, num_episodes: int | None = None, explore: bool,
                 random_actions: bool = False, **kwargs: Any):
         if num_episodes is None or random_actions or self._lean_path_blocker() is not None:
-            return super()._sample(num_episodes=num_episodes, explore=explore,
-                                   random_actions=random_actions, **kwargs)
-        return self._sample_lean(num_episodes, explore)
+            episodes = super()._sample(num_episodes=num_episodes, explore=explore,
+                                       random_actions=random_actions, **kwargs)
+        else:
+            episodes = self._sample_lean(num_episodes, explore)
+        # Seeded by the first call (the first round); later resets continue the envs' streams.
+        self._seed = None
+        return episodes
 
     def _lean_path_blocker(self) -> str | None:
         """Why this runner must sample through RLlib's loop, or None if the lean path fits."""

@@ -236,6 +236,20 @@ def test_rllib_loop_seeds_every_sub_env_independently(ray_session, runner_name):
     assert first_observations(0, 1) == observations[(0, 1)]
 
 
+def test_rounds_of_the_first_batch_are_not_replayed(ray_session):
+    """On RLlib's loop, 8 episodes from 4 envs are two rounds of one sample() each; the
+    second round must continue the envs' streams, not re-seed them (same 4 demands twice)."""
+    config = (HAEPOConfig().environment("haepo/Newsvendor-v0").callbacks(PerStepCallback)
+              .env_runners(num_env_runners=0, num_envs_per_env_runner=4).debugging(seed=0))
+    algo = config.build_algo()
+    try:
+        episodes, _ = algo._sample_episodes(8)
+    finally:
+        algo.stop()
+    demands = [int(e.get_infos()[-1]["demand"]) for e in episodes]
+    assert demands[:4] != demands[4:], demands
+
+
 def test_first_gradient_step_uses_the_behavior_log_likelihood(ray_session):
     """At the first gradient step on a batch, L_k equals the sum of the behaviour log-probs."""
     results, algo = train(chain_config().training(num_epochs=1), 2)
