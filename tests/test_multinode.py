@@ -94,6 +94,10 @@ def write_spec(path: Path, name: str, *, iterations: int, extra_settings: dict |
         "stop": {"iterations": iterations},
         "resources": {"cpus": 1, "gpus": 0},
         "max_concurrent_trials": 2,
+        # A fresh actor per trial: with reuse, a trial that ends before the other worker's
+        # actor has started (imports take seconds on a loaded CI machine) hands its actor to
+        # the next trial, and the whole sweep can run on one worker (seen in CI).
+        "reuse_actors": False,
         "max_failures": max_failures,
         "checkpoint_frequency": checkpoint_frequency,
         "checkpoint_at_end": True,
