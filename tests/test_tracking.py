@@ -149,23 +149,27 @@ def test_smoke_sweep_remote_mlflow_server(ray_session, mlflow_server, tmp_path, 
     assert list((tmp_path / "artifacts").rglob("rllib_checkpoint.json"))
 
 
-def _child_runs(db: Path) -> int:
+def _child_metric_rows(db: Path) -> int:
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            return conn.execute("select count(*) from tags where key = 'mlflow.parentRunId'").fetchone()[0]
+            return conn.execute(
+                "select count(*) from metrics where run_uuid in "
+                "(select run_uuid from tags where key = 'mlflow.parentRunId')").fetchone()[0]
     except sqlite3.Error:
         return 0
 
 
 class KillServerMidSweep(tune.Callback):
     """Kills the tracking server (SIGKILL, by process group) at the first trial result after
-    the server has stored a child run: mid-sweep, while trials are running."""
+    the server has stored metrics of a child run: mid-sweep, while trials are running, and
+    after the sweep's client holds that child's run id (it logs metrics only then; a kill
+    right after the server stored a run could lose the reply that creates it)."""
 
     def __init__(self, pid: int, db: Path):
         self.pid, self.db, self.killed_at = pid, db, None
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if self.killed_at is None and _child_runs(self.db) >= 1:
+        if self.killed_at is None and _child_metric_rows(self.db) >= 1:
             os.killpg(self.pid, signal.SIGKILL)
             self.killed_at = result["training_iteration"]
 
