@@ -57,6 +57,8 @@ SWEEP_DIR_TAG = "haepo.sweep_dir"
 TRIAL_ID_TAG = "haepo.trial_id"
 PARENT_TAG = "mlflow.parentRunId"
 STEP_METRIC = "training_iteration"
+# Result keys a sweep trial carried over from an earlier iteration (see haepo_ray.sweep.trainable).
+CARRIED_OVER_KEY = "haepo_carried_over"
 
 # Result keys logged every iteration (glob patterns over the "/"-flattened result).
 DEFAULT_METRICS = (
@@ -148,11 +150,15 @@ def _is_metric_value(value: Any) -> bool:
 
 
 def select_metrics(result: Mapping[str, Any], patterns: Iterable[str]) -> dict[str, float]:
-    """Numeric values of the flattened ``result`` whose keys match any glob in ``patterns``."""
-    flat = flatten({k: v for k, v in result.items() if k != "config"})
+    """Numeric values of the flattened ``result`` whose keys match any glob in ``patterns``,
+    without the values the trainable carried over from an earlier iteration."""
+    carried = set(result.get(CARRIED_OVER_KEY) or ())
+    flat = flatten({k: v for k, v in result.items() if k not in ("config", CARRIED_OVER_KEY)})
     pats = list(patterns)
     out: dict[str, float] = {}
     for key, value in flat.items():
+        if key in carried:
+            continue
         if _is_metric_value(value) and any(fnmatch.fnmatchcase(key, p) for p in pats):
             out[sanitize_key(key)] = float(value)
     return out

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import yaml
+from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
 from haepo_ray.envs import ChainMDPEnv
@@ -313,6 +314,41 @@ def test_ppo_sweep_on_a_haepo_env(ray_session, tmp_path, monkeypatch):
         assert child.data.metrics["env_runners/num_env_steps_sampled_lifetime"] >= 128
         # The paper's episode metrics, as for HAEPO (the chain MDP reports success).
         assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0
+
+
+def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_path, monkeypatch):
+    """PPO with 64-step batches on 200-step random walks: most iterations end no episode, so
+    RLlib's result has no episode_return_mean, which Tune treats as fatal for the whole sweep.
+    The trial runs to the end; Tune sees the last return carried over (NaN before the first
+    episode); MLflow holds only the returns of iterations that ended an episode."""
+    monkeypatch.chdir(tmp_path)
+    spec = parse_spec(_tiny(name="long", algorithm="PPO", env="haepo/RandomWalk-v0",
+                            env_config={"target": 30, "horizon": 200},
+                            settings={"num_env_runners": 0, "batch_size": 64, "minibatch_size": 32,
+                                      "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}},
+                            search_space={"seed": {"grid": [0]}}, stop={"iterations": 10}),
+                      "long.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 10)]
+
+    (trial,) = result.result_grid
+    rows = trial.metrics_dataframe.set_index("training_iteration")
+    ended = [int(i) for i in rows.index[rows["env_runners/num_episodes"] > 0]]
+    assert ended and ended[0] > 1 and len(ended) < 10, f"the case needs iterations without episodes: {ended}"
+    returns = rows[METRIC]
+    for i in rows.index:
+        earlier = [j for j in ended if j < i]
+        if i not in ended and earlier:
+            assert returns[i] == returns[max(earlier)]  # carried over
+        elif i not in ended:
+            assert math.isnan(returns[i])  # no episode yet
+
+    client = MlflowClient(uri)
+    _, (child,) = find_sweep_runs(uri, "long", result.parent_run_id)
+    logged = client.get_metric_history(child.info.run_id, METRIC)
+    assert sorted(m.step for m in logged) == ended
+    assert all(m.value == returns[m.step] for m in logged)
 
 
 def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):

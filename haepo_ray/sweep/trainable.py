@@ -1,32 +1,48 @@
-"""A Tune trainable that holds an RLlib Algorithm and can be *reused* for the next trial.
+"""The Tune trainable of a sweep: an RLlib Algorithm, reusable for the next trial, whose every
+result carries the sweep's metric.
 
-RLlib's Algorithm does not implement ``reset_config``, so with it Tune starts a new actor (a
-new Python process that imports Ray, RLlib and PyTorch: seconds) for every trial. For sweeps of
-many short trials that start-up dominates. :func:`reusable` makes a trainable with the same
-name, checkpoints and resource request as the algorithm, whose ``reset_config`` stops the
-algorithm and builds the next trial's in the same process; ``TuneConfig(reuse_actors=True)``
-then keeps actors alive across trials (spec key ``reuse_actors``).
+*Reuse.* RLlib's Algorithm does not implement ``reset_config``, so with it Tune starts a new
+actor (a new Python process that imports Ray, RLlib and PyTorch: seconds) for every trial. For
+sweeps of many short trials that start-up dominates. :class:`SweepTrainable`'s
+``reset_config`` stops the algorithm and builds the next trial's in the same process;
+``TuneConfig(reuse_actors=True)`` then keeps actors alive across trials (spec key
+``reuse_actors``).
+
+*The metric in every result.* RLlib reports episode metrics (``env_runners/episode_return_mean``
+...) only for iterations that end an episode, e.g. not for PPO with timestep batches shorter
+than an episode: before the first episode the key is absent, and Tune ends the *whole sweep*
+on a result without its metric; later it is NaN, which schedulers cannot rank. So a missing
+or NaN metric carries its last value forward (NaN before the first), as RLlib's old API stack
+did with its smoothing window; the result names it under
+:data:`~haepo_ray.tracking.CARRIED_OVER_KEY`, and MLflow tracking does not log carried values.
 
 Checkpoints are the algorithm's own (``Algorithm.from_checkpoint`` loads them).
 """
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from typing import Any
 
 from ray import tune
+from ray.tune.result import RESULT_DUPLICATE
+
+from haepo_ray.tracking import CARRIED_OVER_KEY
 
 
-class ReusableAlgorithm(tune.Trainable):
-    """Runs ``algo_cls`` (set by :func:`reusable`) inside this Tune actor."""
+class SweepTrainable(tune.Trainable):
+    """Runs ``algo_cls`` inside this Tune actor, reporting ``metric`` every iteration (both set
+    by :func:`sweep_trainable`)."""
 
     algo_cls: type | None = None
+    metric: str | None = None  # the sweep's metric, a "/"-nested result key
 
     def setup(self, config: dict[str, Any]) -> None:
         self.algo = self._build(config)
 
     def _build(self, config: dict[str, Any]):
+        self._last_metric = math.nan
         # The trial's storage: the algorithm shares this trial's folder (no stray ~/ray_results).
         return self.algo_cls(config=dict(config), storage=self._storage)
 
@@ -34,6 +50,27 @@ class ReusableAlgorithm(tune.Trainable):
         # Algorithm.step() reads its own iteration counter (evaluation intervals).
         self.algo._iteration = self.iteration
         return self.algo.step()
+
+    def train(self) -> dict[str, Any]:
+        # After Tune's own keys (training_iteration, time_total_s, ...) are in the result.
+        return self._with_metric(super().train())
+
+    def _with_metric(self, result: dict[str, Any]) -> dict[str, Any]:
+        if self.metric is None or RESULT_DUPLICATE in result:
+            return result
+        *path, leaf = self.metric.split("/")
+        node = result
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return result  # the metric's path holds a value, not a dict: Tune will say so
+        value = node.get(leaf, math.nan)
+        if not _is_nan(value):
+            self._last_metric = value
+        else:
+            node[leaf] = self._last_metric
+            result[CARRIED_OVER_KEY] = [self.metric]
+        return result
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.algo._iteration = self.iteration
@@ -57,15 +94,23 @@ class ReusableAlgorithm(tune.Trainable):
         return cls.algo_cls.default_resource_request(config)
 
 
+def _is_nan(value: Any) -> bool:
+    try:
+        return math.isnan(value)
+    except TypeError:  # not a number: Tune and its searchers will say what they expect
+        return False
+
+
 @cache
-def reusable(algorithm: str) -> type[ReusableAlgorithm]:
-    """The reusable trainable for a Tune-registered RLlib algorithm, named like it."""
+def sweep_trainable(algorithm: str, metric: str | None) -> type[SweepTrainable]:
+    """The sweep trainable for a Tune-registered RLlib algorithm, named like it."""
     from ray.tune.registry import get_trainable_cls
 
     algo_cls = get_trainable_cls(algorithm)
-    return type(algorithm, (ReusableAlgorithm,), {
+    return type(algorithm, (SweepTrainable,), {
         "algo_cls": algo_cls,
+        "metric": metric,
         "__module__": __name__,
         "__qualname__": algorithm,
-        "__doc__": f"{algorithm} in a reusable Tune actor (see haepo_ray.sweep.trainable).",
+        "__doc__": f"{algorithm} as a sweep trial (see haepo_ray.sweep.trainable).",
     })

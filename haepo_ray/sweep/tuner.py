@@ -101,16 +101,15 @@ class TrialNamer:
 
 
 def trainable_name(spec: SweepSpec) -> str:
-    """The Tune trainable a sweep runs: the algorithm itself, or with ``reuse_actors`` its
-    reusable wrapper (registered here under ``<algorithm>-reusable``)."""
-    if not spec.reuse_actors:
-        return spec.algorithm
+    """The Tune trainable a sweep runs: its algorithm in a :class:`~haepo_ray.sweep.trainable.SweepTrainable`
+    (reusable,
+    the spec's metric in every result), registered here under ``<algorithm>-sweep``."""
     from ray.tune.registry import register_trainable
 
-    from haepo_ray.sweep.trainable import reusable
+    from haepo_ray.sweep.trainable import sweep_trainable
 
-    name = f"{spec.algorithm}-reusable"
-    register_trainable(name, reusable(spec.algorithm))
+    name = f"{spec.algorithm}-sweep"
+    register_trainable(name, sweep_trainable(spec.algorithm, spec.metric))
     return name
 
 
