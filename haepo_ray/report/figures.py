@@ -36,6 +36,7 @@ CURVES = {  # name -> (metric, x, y label)
     "success": (SUCCESS, ITERATION, "success rate"),
     "entropy": (ENTROPY, ITERATION, "policy entropy"),
 }
+BOUNDS = {SUCCESS: (0.0, 1.0), ENTROPY: (0.0, None)}  # metric -> (lowest, highest) value
 X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock seconds"}
 
 
@@ -61,7 +62,8 @@ def _save(fig, out: Path, stem: str) -> None:
 
 def curve_figure(groups: list[Group], metric: str, x: str, ylabel: str, title: str,
                  out: Path, stem: str) -> bool:
-    """Mean +- std of ``metric`` against ``x``, one line per group; False if no group has it."""
+    """Mean +- std (within the metric's range) of ``metric`` against ``x``, one line per
+    group; False if no group has it."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     drawn = False
     for g in groups:
@@ -72,7 +74,9 @@ def curve_figure(groups: list[Group], metric: str, x: str, ylabel: str, title: s
             continue
         label = f"{g.experiment}: {g.algorithm} ({g.config_label}, {int(curve['n'].iloc[0])} seeds)"
         ax.plot(curve.index, curve["mean"], label=label)
-        ax.fill_between(curve.index, curve["mean"] - curve["std"], curve["mean"] + curve["std"], alpha=0.2)
+        lo, hi = BOUNDS.get(metric, (None, None))  # a band never leaves the metric's range
+        ax.fill_between(curve.index, (curve["mean"] - curve["std"]).clip(lo, hi),
+                        (curve["mean"] + curve["std"]).clip(lo, hi), alpha=0.2)
         drawn = True
     if not drawn:
         plt.close(fig)
