@@ -36,7 +36,7 @@ CURVES = {  # name -> (metric, x, y label)
     "success": (SUCCESS, ITERATION, "success rate"),
     "entropy": (ENTROPY, ITERATION, "policy entropy"),
 }
-BOUNDS = {SUCCESS: (0.0, 1.0), ENTROPY: (0.0, None)}  # metric -> (lowest, highest) value
+BOUNDS = {SUCCESS: (0.0, 1.0), ENTROPY: (0.0, None), REGRET: (0.0, None)}  # metric -> its range
 X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock seconds"}
 
 
