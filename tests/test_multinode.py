@@ -387,7 +387,6 @@ def _iterations_logged(storage: str, experiment: str, trial_id: str) -> list[int
     return [int(r["training_iteration"]) for r in rows]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path):
     """A worker node is SIGKILLed (its whole session, by pid) while it runs a trial that has
