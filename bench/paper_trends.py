@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from haepo_ray.report.aggregate import Group, group_trials  # noqa: E402
 from haepo_ray.report.runs import ENTROPY, REGRET, SUCCESS, Trial, load_trials  # noqa: E402
 
 ALGORITHMS = ("haepo", "ppo", "dpo")
-DEFAULT_URI = f"sqlite:///{Path('.haepo/reproduction/mlflow.db').resolve()}"
+DEFAULT_URI = f"sqlite:///{REPO / '.haepo' / 'reproduction' / 'mlflow.db'}"  # bench/reproduce.sh's
 
 
 def _series(trial: Trial, metric: str) -> np.ndarray:
