@@ -52,18 +52,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from haepo_ray.cli import UsageError
+
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_TIMEOUT_S = 10.0
 # Never shipped with --working-dir (Ray also leaves out what .gitignore files name).
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", ".haepo", "mlruns", "__pycache__", "*.egg-info",
                         ".pytest_cache", "node_modules"]
 LOCAL_URI_SCHEMES = ("sqlite", "file", "")
-
-
-def _usage_error(message: str) -> Exception:
-    from haepo_ray.cli import UsageError
-
-    return UsageError(message)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -167,9 +163,9 @@ def find_token(token_file: str | None = None, environ: Mapping[str, str] | None 
         try:
             value = p.read_text().strip()
         except OSError as err:
-            raise _usage_error(f"cannot read the Ray auth token {what} {p}: {err.strerror or err}") from None
+            raise UsageError(f"cannot read the Ray auth token {what} {p}: {err.strerror or err}") from None
         if not value:
-            raise _usage_error(f"the Ray auth token file {p} ({what}) is empty")
+            raise UsageError(f"the Ray auth token file {p} ({what}) is empty")
         return Token(value, f"{what} {p}")
 
     if token_file:
@@ -193,17 +189,17 @@ def resolve_address(address: str | None, environ: Mapping[str, str] | None = Non
         if not address and ray_address.startswith(("http://", "https://")):
             address = ray_address
     if not address:
-        raise _usage_error("which cluster? give --address http://HEAD:8265 (the head's dashboard "
+        raise UsageError("which cluster? give --address http://HEAD:8265 (the head's dashboard "
                            "port) or set RAY_API_SERVER_ADDRESS")
     address = address.strip().rstrip("/")
     if address.startswith("ray://") or address == "auto":
-        raise _usage_error(f"--address {address}: jobs are submitted to the head's dashboard "
+        raise UsageError(f"--address {address}: jobs are submitted to the head's dashboard "
                            "(Jobs API), e.g. http://HEAD:8265, not to a Ray Client or GCS address")
     if "://" not in address:
         address = f"http://{address}"
     parsed = urlparse(address)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise _usage_error(f"--address {address}: expected http://HOST:PORT (the head's dashboard)")
+        raise UsageError(f"--address {address}: expected http://HOST:PORT (the head's dashboard)")
     return address
 
 
@@ -223,7 +219,7 @@ def _check_reachable(address: str) -> None:
             pass
     except OSError as err:
         reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
-        raise _usage_error(f"cannot reach the Ray head at {address} ({reason}): "
+        raise UsageError(f"cannot reach the Ray head at {address} ({reason}): "
                            f"{_reach_hint(address)}") from None
 
 
@@ -261,17 +257,17 @@ class _Client:
         try:
             return fn(*args, **kwargs)
         except AuthenticationError as err:
-            raise _usage_error(_auth_message(self.address, self.token, err)) from None
+            raise UsageError(_auth_message(self.address, self.token, err)) from None
         except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
-            raise _usage_error(f"cannot reach the Ray Jobs API at {self.address} ({err}): "
+            raise UsageError(f"cannot reach the Ray Jobs API at {self.address} ({err}): "
                                f"{_reach_hint(self.address)}") from None
         except RuntimeError as err:
             text = str(err)
             if "Version check returned 404" in text:
-                raise _usage_error(f"{self.address} answers but is not a Ray dashboard with the "
+                raise UsageError(f"{self.address} answers but is not a Ray dashboard with the "
                                    f"Jobs API (is the port right? install ray[default] on the "
                                    f"head)") from None
-            raise _usage_error(f"the Ray Jobs API at {self.address} answered: {text}") from None
+            raise UsageError(f"the Ray Jobs API at {self.address} answered: {text}") from None
 
     def __getattr__(self, name: str):
         method = getattr(self.sdk, name)
@@ -292,10 +288,10 @@ def _env_vars(pairs: list[str] | None) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not key:
-            raise _usage_error(f"--env expects KEY or KEY=VALUE, got {pair!r}")
+            raise UsageError(f"--env expects KEY or KEY=VALUE, got {pair!r}")
         if not sep:
             if key not in os.environ:
-                raise _usage_error(f"--env {key}: no value given and {key} is not set here")
+                raise UsageError(f"--env {key}: no value given and {key} is not set here")
             value = os.environ[key]
         out[key] = value
     return out
@@ -320,22 +316,22 @@ def build_submission(args: argparse.Namespace) -> Submission:
 
     spec_path = Path(args.spec).expanduser()
     if not spec_path.is_file():
-        raise _usage_error(f"spec not found: {args.spec}" + (" (a folder)" if spec_path.is_dir() else ""))
+        raise UsageError(f"spec not found: {args.spec}" + (" (a folder)" if spec_path.is_dir() else ""))
     spec_path = spec_path.resolve()
     try:
         spec = load_spec(spec_path, check=not args.no_check)
     except SpecError as err:
-        raise _usage_error(f"invalid spec\n{err}") from None
+        raise UsageError(f"invalid spec\n{err}") from None
 
     notes: list[str] = []
     if args.working_dir:
         working_dir = Path(args.working_dir).expanduser().resolve()
         if not working_dir.is_dir():
-            raise _usage_error(f"--working-dir {args.working_dir}: not a folder")
+            raise UsageError(f"--working-dir {args.working_dir}: not a folder")
         try:
             spec_arg = spec_path.relative_to(working_dir).as_posix()
         except ValueError:
-            raise _usage_error(f"the spec {args.spec} is not inside --working-dir {args.working_dir}") from None
+            raise UsageError(f"the spec {args.spec} is not inside --working-dir {args.working_dir}") from None
         temporary = False
     else:
         working_dir = Path(tempfile.mkdtemp(prefix="haepo-submit-"))
@@ -465,7 +461,7 @@ def _status(client: _Client, job_id: str) -> str:
         return str(client.get_job_status(job_id).value)
     except UsageError as err:
         if "404" in str(err) or "does not exist" in str(err):
-            raise _usage_error(f"no job {job_id!r} on {client.address} (haepo jobs lists them)") from None
+            raise UsageError(f"no job {job_id!r} on {client.address} (haepo jobs lists them)") from None
         raise
 
 

@@ -10,6 +10,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from haepo_ray.cli import UsageError
+
 
 def add_parser(subparsers) -> None:
     """Adds ``sweep`` to the ``haepo`` sub-command parsers."""
@@ -48,12 +50,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
-def _usage_error(message: str) -> Exception:
-    from haepo_ray.cli import UsageError
-
-    return UsageError(message)
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     from haepo_ray.sweep.spec import SpecError, load_spec
     from haepo_ray.sweep.tuner import SweepError, dry_run, run_sweep
@@ -62,13 +58,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
     except SpecError as err:
-        raise _usage_error(f"invalid spec\n{err}") from None
+        raise UsageError(f"invalid spec\n{err}") from None
     if args.dry_run:
         try:
             dry_run(spec, experiment=args.experiment, storage_path=args.storage_path,
                     tracking_uri=args.tracking_uri, address=args.address)
         except SpecError as err:
-            raise _usage_error(str(err)) from None
+            raise UsageError(str(err)) from None
         return 0
     try:
         result = run_sweep(
@@ -83,7 +79,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             spec_text=Path(args.spec).read_text(),
         )
     except (SweepError, SpecError) as err:
-        raise _usage_error(str(err)) from None
+        raise UsageError(str(err)) from None
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0
 
 
