@@ -16,14 +16,16 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from haepo_ray.algorithm import HAEPO, HAEPOConfig
     from haepo_ray.learner import HAEPOTorchLearner
+    from haepo_ray.registry import register_algorithms
 
 _LAZY = {
     "HAEPO": "haepo_ray.algorithm",
     "HAEPOConfig": "haepo_ray.algorithm",
     "HAEPOTorchLearner": "haepo_ray.learner",
+    "register_algorithms": "haepo_ray.registry",
 }
 
-__all__ = ["HAEPO", "HAEPOConfig", "HAEPOTorchLearner", "__version__"]
+__all__ = ["HAEPO", "HAEPOConfig", "HAEPOTorchLearner", "__version__", "register_algorithms"]
 
 
 def __getattr__(name: str) -> Any:

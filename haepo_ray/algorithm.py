@@ -12,7 +12,8 @@ Use it like RLlib's PPO::
     algo = config.build_algo()
     result = algo.train()
 
-or by name with Ray Tune: ``tune.Tuner("HAEPO", param_space=config)``.
+or by name with Ray Tune: ``tune.Tuner("HAEPO", param_space=config)`` after
+:func:`haepo_ray.register_algorithms`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from ray.rllib.utils.metrics import (
     SYNCH_WORKER_WEIGHTS_TIMER,
     TIMERS,
 )
-from ray.tune.registry import register_trainable
 
 from haepo_ray.callbacks import EpisodeInfoMetrics
 from haepo_ray.env_runner import HAEPOEnvRunner
@@ -250,5 +250,3 @@ class HAEPO(Algorithm):
 def _sample_fn(n: int):
     return lambda runner: (runner.sample(num_episodes=n), runner.get_metrics())
 
-
-register_trainable("HAEPO", HAEPO)

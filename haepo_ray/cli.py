@@ -35,10 +35,8 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
 
 def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any]):
     """An RLlib AlgorithmConfig for ``algo`` (a Tune name, e.g. ``HAEPO`` or ``PPO``) on ``env``."""
-    import haepo_ray.baselines  # noqa: F401  (registers "HAEPO", "DPO" and "GRPO" with Tune)
-    from ray.tune.registry import get_trainable_cls
-
     from haepo_ray.envs import check_env_id
+    from haepo_ray.registry import UnknownAlgorithm, algorithm_class
     from haepo_ray.settings import apply_defaults, apply_settings
 
     try:
@@ -46,9 +44,9 @@ def build_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
     except ValueError as err:
         raise UsageError(str(err)) from None
     try:
-        algo_cls = get_trainable_cls(algo)
-    except Exception:
-        raise UsageError(f"unknown algorithm {algo!r}: use HAEPO, DPO, GRPO or an RLlib name such as PPO") from None
+        algo_cls = algorithm_class(algo)
+    except UnknownAlgorithm as err:
+        raise UsageError(str(err)) from None
     config = algo_cls.get_default_config().environment(env).debugging(seed=seed)
     apply_defaults(config)
     try:

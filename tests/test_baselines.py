@@ -317,7 +317,7 @@ def test_defaults_validate_with_the_documented_references():
 
 
 def test_a_sweep_spec_names_the_baselines_in_a_fresh_interpreter():
-    """The sweep loader imports haepo_ray.baselines on an unknown name: it registers both."""
+    """The sweep loader resolves the baselines by name (haepo_ray.registry), nothing imported first."""
     code = (
         "from haepo_ray.sweep.spec import parse_spec, algo_config\n"
         "for name, key in (('DPO', 'dpo_beta'), ('GRPO', 'clip_param')):\n"

@@ -1,14 +1,31 @@
 """The paper's baselines on HAEPO's plumbing: trajectory-level DPO and GRPO.
 
-Importing this package registers them with Ray Tune as ``"DPO"`` and ``"GRPO"``
-(RLlib's registry has neither name). PPO is RLlib's own. The formulations, their sources
-and the choices made to apply them to RL episodes are in :mod:`haepo_ray.baselines.dpo` and
-:mod:`haepo_ray.baselines.grpo`; the losses in :mod:`haepo_ray.baselines.losses`.
+:func:`haepo_ray.registry.register_algorithms` registers them with Ray Tune as ``"DPO"`` and
+``"GRPO"`` (RLlib's registry has neither name). PPO is RLlib's own. The formulations, their
+sources and the choices made to apply them to RL episodes are in :mod:`haepo_ray.baselines.dpo`
+and :mod:`haepo_ray.baselines.grpo`; the losses, pure PyTorch, in
+:mod:`haepo_ray.baselines.losses` (importing it loads no RLlib: the classes below load on
+first use).
 """
 
 from __future__ import annotations
 
-from haepo_ray.baselines.dpo import DPO, DPOConfig, DPOTorchLearner
-from haepo_ray.baselines.grpo import GRPO, GRPOConfig, GRPOTorchLearner
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from haepo_ray.baselines.dpo import DPO, DPOConfig, DPOTorchLearner
+    from haepo_ray.baselines.grpo import GRPO, GRPOConfig, GRPOTorchLearner
+
+_LAZY = {
+    **dict.fromkeys(("DPO", "DPOConfig", "DPOTorchLearner"), "haepo_ray.baselines.dpo"),
+    **dict.fromkeys(("GRPO", "GRPOConfig", "GRPOTorchLearner"), "haepo_ray.baselines.grpo"),
+}
 
 __all__ = ["DPO", "DPOConfig", "DPOTorchLearner", "GRPO", "GRPOConfig", "GRPOTorchLearner"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'haepo_ray.baselines' has no attribute {name!r}")

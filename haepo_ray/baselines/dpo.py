@@ -31,7 +31,6 @@ import math
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import NotProvided
-from ray.tune.registry import register_trainable
 from torch import Tensor
 
 from haepo_ray.algorithm import HAEPO, HAEPOConfig
@@ -94,5 +93,3 @@ class DPOTorchLearner(HAEPOTorchLearner):
         )
         return out.loss, out.diagnostics()
 
-
-register_trainable("DPO", DPO)

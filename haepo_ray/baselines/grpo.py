@@ -36,7 +36,6 @@ from __future__ import annotations
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import NotProvided
-from ray.tune.registry import register_trainable
 from torch import Tensor
 
 from haepo_ray.algorithm import HAEPO, HAEPOConfig
@@ -102,5 +101,3 @@ class GRPOTorchLearner(HAEPOTorchLearner):
         )
         return out.loss, out.diagnostics()
 
-
-register_trainable("GRPO", GRPO)

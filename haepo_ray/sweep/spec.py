@@ -70,7 +70,6 @@ import math
 import re
 import typing
 from collections.abc import Mapping
-from importlib import import_module
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -417,37 +416,11 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
 # --------------------------------------------------------------------------- algorithm checks
 
 
-class UnknownAlgorithm(LookupError):
-    pass
-
-
 def _config_class_defaults(algorithm: str):
-    if algorithm == "HAEPO":
-        import haepo_ray.algorithm  # noqa: F401  (registers "HAEPO" with Tune)
-    from ray.tune.registry import get_trainable_cls
+    from haepo_ray.registry import algorithm_class
 
-    try:
-        cls = get_trainable_cls(algorithm)
-    except Exception:
-        try:  # the baselines (DPO, GRPO) register themselves when imported
-            import_module("haepo_ray.baselines")
-            cls = get_trainable_cls(algorithm)
-        except Exception:
-            raise UnknownAlgorithm(algorithm) from None
-    if not hasattr(cls, "get_default_config"):
-        raise TypeError(f"{algorithm} is not an RLlib algorithm")
+    cls = algorithm_class(algorithm)
     return cls, cls.get_default_config()
-
-
-def _known_algorithms() -> list[str]:
-    names = ["HAEPO", "DPO", "GRPO"]
-    try:
-        from ray.rllib.algorithms.registry import ALGORITHMS
-
-        names += sorted(ALGORITHMS)
-    except Exception:  # pragma: no cover - registry layout changed
-        names += ["PPO"]
-    return names
 
 
 def setting_keys(config) -> dict[str, str]:
@@ -475,13 +448,12 @@ def _public_settings(keys: dict[str, str]) -> list[str]:
 
 def check_algorithm(spec: SweepSpec, source: str) -> None:
     """Checks the algorithm, env and every setting name against RLlib; raises SpecError."""
+    from haepo_ray.registry import UnknownAlgorithm
+
     try:
         _, config = _config_class_defaults(spec.algorithm)
-    except (UnknownAlgorithm, TypeError):
-        raise SpecError(
-            f"{source}: algorithm: unknown algorithm {spec.algorithm!r}; allowed: "
-            f"{', '.join(_known_algorithms())}"
-        ) from None
+    except UnknownAlgorithm as err:
+        raise SpecError(f"{source}: algorithm: {err}") from None
 
     try:
         from haepo_ray.envs import check_env_id
