@@ -103,10 +103,11 @@ def _is_nan(value: Any) -> bool:
 
 @cache
 def sweep_trainable(algorithm: str, metric: str | None) -> type[SweepTrainable]:
-    """The sweep trainable for a Tune-registered RLlib algorithm, named like it."""
-    from ray.tune.registry import get_trainable_cls
+    """The sweep trainable for an RLlib algorithm (:func:`haepo_ray.registry.algorithm_class`),
+    named like it."""
+    from haepo_ray.registry import algorithm_class
 
-    algo_cls = get_trainable_cls(algorithm)
+    algo_cls = algorithm_class(algorithm)
     return type(algorithm, (SweepTrainable,), {
         "algo_cls": algo_cls,
         "metric": metric,

@@ -294,10 +294,10 @@ def planned_trials(spec: SweepSpec) -> list[PlannedTrial] | None:
 
 def trial_resources(spec: SweepSpec, values: dict[str, Any] | None = None) -> dict[str, float]:
     """Total resources one trial asks Ray for (main process + env runners + learners)."""
-    from ray.tune.registry import get_trainable_cls
+    from haepo_ray.registry import algorithm_class
 
     config = spec_mod.algo_config(spec, values or {}, validate=False)
-    pgf = get_trainable_cls(spec.algorithm).default_resource_request(config)
+    pgf = algorithm_class(spec.algorithm).default_resource_request(config)
     total: dict[str, float] = {}
     for bundle in pgf.bundles:
         for key, value in bundle.items():
