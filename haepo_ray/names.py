@@ -1,0 +1,51 @@
+"""Names of result metrics and MLflow tags, in one place (as RLlib's ``ray.rllib.utils.metrics``).
+
+Result keys are Tune's "/"-flattened paths into an RLlib training result. Sweeps, tracking,
+the report and the Prometheus exporter all read these names from here, so a renamed metric
+or tag changes in one line.
+"""
+
+from __future__ import annotations
+
+# --- Tune / RLlib result keys ("/"-flattened) ---------------------------------------------
+TRAINING_ITERATION = "training_iteration"
+TIME_TOTAL_S = "time_total_s"
+TIME_THIS_ITER_S = "time_this_iter_s"
+ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
+EPISODES = "env_runners/num_episodes_lifetime"
+EPISODE_RETURN_MEAN = "env_runners/episode_return_mean"
+EPISODE_RETURN_MIN = "env_runners/episode_return_min"
+EPISODE_RETURN_MAX = "env_runners/episode_return_max"
+EPISODE_LEN_MEAN = "env_runners/episode_len_mean"
+# The paper's per-episode metrics (haepo_ray.callbacks.EpisodeInfoMetrics).
+REGRET_PER_STEP = "env_runners/regret_per_step_mean"
+SUCCESS_RATE = "env_runners/success_rate"
+# Learner metrics of the default module; HAEPO and the baselines log the policy entropy as
+# policy_entropy, RLlib's PPO as entropy.
+LEARNER = "learners/default_policy"
+POLICY_ENTROPY_KEYS = (f"{LEARNER}/policy_entropy", f"{LEARNER}/entropy")
+# Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).
+CARRIED_OVER = "haepo_carried_over"
+
+# --- MLflow tags ----------------------------------------------------------------------------
+PARENT_RUN = "mlflow.parentRunId"
+ROLE = "haepo.role"  # "sweep" on a parent run, "trial" on a child run
+SWEEP = "haepo.sweep"
+SWEEP_DIR = "haepo.sweep_dir"
+SPEC = "haepo.spec"
+RAY_ADDRESS = "haepo.ray_address"
+ALGORITHM = "haepo.algorithm"
+ENV = "haepo.env"
+TRIAL_ID = "haepo.trial_id"
+TRIAL_NAME = "haepo.trial_name"
+SEED = "haepo.seed"
+SEARCH_VALUES = "haepo.search_values"  # JSON: spec search-space name -> this trial's value
+NODE_IP = "haepo.node_ip"
+HOSTNAME = "haepo.hostname"
+NUM_FAILURES = "haepo.num_failures"
+ERROR = "haepo.error"
+REPLAYED_STEPS = "haepo.replayed_steps"
+CHECKPOINT = "haepo.checkpoint"
+NUM_TRIALS = "haepo.num_trials"
+BEST_TRIAL_ID = "haepo.best_trial_id"
+BEST_RUN_ID = "haepo.best_run_id"
