@@ -98,9 +98,9 @@ def bench_parts(repeats: int = 3) -> dict:
 
 
 def tiny_spec(name: str, reuse: bool, iterations: int = 3):
-    from haepo_ray.sweep.spec import parse_spec
+    from haepo_ray.sweep.plan import parse_plan
 
-    return parse_spec({
+    return parse_plan({
         "name": name,
         "algorithm": "HAEPO",
         "env": "haepo/GaussianBandit-v0",
@@ -175,20 +175,20 @@ def split_overhead(events: list, t0: float) -> dict:
     }
 
 
-def run_one(spec, root: Path, track: bool, slots: int) -> dict:
-    from haepo_ray.sweep.tuner import run_sweep
+def run_one(plan, root: Path, track: bool, slots: int) -> dict:
+    from haepo_ray.sweep.runner import run_sweep
 
+    spec = plan.spec
     uri = f"sqlite:///{root / 'mlflow.db'}"
     timeline = Timeline()
     t0 = time.time()
     t = time.perf_counter()
-    result = run_sweep(spec, tracking_uri=uri, track=track, storage_path=str(root / "results"),
+    result = run_sweep(plan, tracking_uri=uri, track=track, storage_path=str(root / "results"),
                        out=io.StringIO(), verbose=0, extra_callbacks=[timeline])
     wall = time.perf_counter() - t
     split = split_overhead(timeline.events, t0)
     startup = split["startup_s"] or 0.0
-    grid = result.result_grid._experiment_analysis.trials
-    train = [float((tr.last_result or {}).get("time_total_s", 0.0)) for tr in grid]
+    train = [float((r.metrics or {}).get("time_total_s", 0.0)) for r in result.result_grid]
     n = len(result.trials)
     statuses = {t.status for t in result.trials}
     return {
@@ -220,12 +220,12 @@ def bench_tiny(root: Path, slots: int) -> list[dict]:
 
 
 def bench_paper_bandit(root: Path, slots: int, ks: list[int], track: bool = True) -> list[dict]:
-    from haepo_ray.sweep.spec import load_spec
+    from haepo_ray.sweep.plan import load_plan
 
     rows = []
     for k in ks:
-        spec = load_spec(REPO / "tune_configs" / "paper" / f"bandit_k{k}_haepo.yaml")
-        row = run_one(spec, root, track, slots)
+        plan = load_plan(REPO / "tune_configs" / "paper" / f"bandit_k{k}_haepo.yaml")
+        row = run_one(plan, root, track, slots)
         print(json.dumps(row), flush=True)
         rows.append(row)
     total = sum(r["wall_s"] for r in rows)

@@ -87,7 +87,7 @@ class IndependentSeedsEnvRunner(SingleAgentEnvRunner):
     """RLlib's SingleAgentEnvRunner with an independent seed per sub-env (module docstring).
 
     Sweeps and ``haepo train`` give it to algorithms that use RLlib's default env runner
-    (PPO), so that their seeds, too, are independent (:func:`haepo_ray.settings.apply_defaults`).
+    (PPO), so that their seeds, too, are independent (:func:`haepo_ray.configs.apply_defaults`).
     """
 
     def __init__(self, *, config, **kwargs: Any):

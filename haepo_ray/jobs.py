@@ -1,4 +1,5 @@
-"""Sweeps as Ray Jobs on a running cluster: ``haepo submit``, ``jobs``, ``logs``, ``stop``.
+"""Sweeps as Ray Jobs on a running cluster: the Jobs client and the submission behind ``haepo
+submit``, ``jobs``, ``logs`` and ``stop`` (their command lines: :mod:`haepo_ray.cli.jobs`).
 
     haepo submit SPEC --address http://HEAD:8265 [--follow] [--tracking-uri URI]
                  [--storage-path PATH] [--experiment NAME] [--resume] [--working-dir DIR]
@@ -36,7 +37,6 @@ else an ``http(s)://`` ``RAY_ADDRESS``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shlex
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from haepo_ray.cli import UsageError
+from haepo_ray.cli.errors import UsageError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_TIMEOUT_S = 10.0
@@ -60,87 +60,6 @@ CONNECT_TIMEOUT_S = 10.0
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", ".haepo", "mlruns", "__pycache__", "*.egg-info",
                         ".pytest_cache", "node_modules"]
 LOCAL_URI_SCHEMES = ("sqlite", "file", "")
-
-
-# --------------------------------------------------------------------------- arguments
-
-
-def _add_connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", metavar="URL",
-                   help="the head's Jobs API (Ray dashboard), e.g. http://10.0.0.5:8265 (default: "
-                        "$RAY_API_SERVER_ADDRESS, else an http(s) $RAY_ADDRESS)")
-    p.add_argument("--auth-token-file", metavar="PATH",
-                   help="the cluster's Ray auth token (default: $RAY_AUTH_TOKEN, else the file "
-                        "$RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token when it exists)")
-
-
-def add_parsers(subparsers) -> None:
-    """Adds ``submit``, ``jobs``, ``logs`` and ``stop`` to the ``haepo`` sub-commands."""
-    submit = subparsers.add_parser(
-        "submit", help="run a sweep spec on a Ray cluster as a Ray Job",
-        description=(
-            "Submit the sweep SPEC to a running Ray cluster as a Ray Job (Jobs SDK) and print "
-            "the job id. The job runs `haepo sweep SPEC --address auto` on the head node; "
-            "--follow streams its logs and exits with its outcome (0 succeeded, 1 failed or "
-            "stopped). See cluster/README.md."),
-    )
-    submit.add_argument("spec", metavar="SPEC", help="a sweep spec, e.g. tune_configs/smoke.yaml")
-    _add_connection(submit)
-    submit.add_argument("--follow", action="store_true",
-                        help="stream the job's logs until it ends; exit 0 if it succeeded, else 1")
-    submit.add_argument("--tracking-uri", metavar="URI",
-                        help="MLflow tracking URI as the head node sees it (default: "
-                             "$MLFLOW_TRACKING_URI here, else the cluster's own)")
-    submit.add_argument("--storage-path", metavar="PATH",
-                        help="Ray results and checkpoints, a path every node reaches (NFS, "
-                             "s3://...) (default: the spec's storage_path, else "
-                             "$HAEPO_STORAGE_PATH here, else $HAEPO_STORAGE_PATH on the head)")
-    submit.add_argument("--experiment", metavar="NAME", help="as for haepo sweep")
-    submit.add_argument("--resume", action="store_true",
-                        help="continue the newest run of this experiment in the storage path")
-    submit.add_argument("--working-dir", metavar="DIR",
-                        help="ship DIR as the job's working directory (SPEC must be inside it); "
-                             "default: a folder holding only SPEC")
-    submit.add_argument("--py-modules", action="store_true",
-                        help="ship this haepo_ray package's source with the job, for clusters "
-                             "whose image lacks haepo-ray (its dependencies must be there, or "
-                             "named with --pip)")
-    submit.add_argument("--pip", action="append", metavar="REQUIREMENT",
-                        help="a pip requirement installed for the job on every node (repeatable)")
-    submit.add_argument("--env", action="append", metavar="KEY[=VALUE]",
-                        help="an environment variable of the job (KEY alone: its value here); "
-                             "visible in the job's details: no secrets (repeatable)")
-    submit.add_argument("--job-id", metavar="ID",
-                        help="the submission id (default: haepo-<experiment>-<time>-<random>)")
-    submit.add_argument("--no-check", action="store_true",
-                        help="check only the spec's structure here, not its algorithm, env and "
-                             "setting names (which need RLlib)")
-    submit.set_defaults(func=cmd_submit)
-
-    jobs = subparsers.add_parser("jobs", help="list the jobs of a Ray cluster",
-                                 description="List the submitted jobs of a Ray cluster, oldest first.")
-    _add_connection(jobs)
-    jobs.add_argument("--all", action="store_true",
-                      help="also drivers that were not submitted as jobs (ray.init connections)")
-    jobs.set_defaults(func=cmd_jobs)
-
-    logs = subparsers.add_parser("logs", help="print (or follow) the logs of a job")
-    logs.add_argument("job", metavar="JOB", help="a job id, as haepo submit printed it")
-    _add_connection(logs)
-    logs.add_argument("--follow", action="store_true",
-                      help="stream until the job ends; exit 0 if it succeeded, else 1")
-    logs.set_defaults(func=cmd_logs)
-
-    stop = subparsers.add_parser("stop", help="stop a running job",
-                                 description="Stop JOB: SIGTERM to its driver (the sweep, which "
-                                             "ends its trials and marks its MLflow runs KILLED), "
-                                             "SIGKILL after Ray's grace period.")
-    stop.add_argument("job", metavar="JOB", help="a job id, as haepo submit printed it")
-    _add_connection(stop)
-    stop.add_argument("--no-wait", action="store_true", help="do not wait until the job has ended")
-    stop.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                      help="how long to wait for the job to end (default 60 s)")
-    stop.set_defaults(func=cmd_stop)
 
 
 # --------------------------------------------------------------------------- connection
@@ -235,7 +154,7 @@ def _auth_message(address: str, token: Token | None, err: Exception) -> str:
             f"--auth-token-file PATH or RAY_AUTH_TOKEN_PATH (see cluster/README.md, 'Tokens')")
 
 
-class _Client:
+class JobsClient:
     """A JobSubmissionClient whose failures become UsageErrors with a clear message."""
 
     def __init__(self, address: str | None, token_file: str | None):
@@ -282,9 +201,9 @@ def _local_uri(uri: str) -> bool:
     return scheme in LOCAL_URI_SCHEMES or len(scheme) == 1  # "C:\..." reads as scheme "c"
 
 
-def _env_vars(pairs: list[str] | None) -> dict[str, str]:
+def _env_vars(pairs: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for pair in pairs or []:
+    for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not key:
@@ -295,6 +214,23 @@ def _env_vars(pairs: list[str] | None) -> dict[str, str]:
             value = os.environ[key]
         out[key] = value
     return out
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What to submit and how (``haepo submit``'s options, without argparse)."""
+
+    spec: str
+    tracking_uri: str | None = None
+    storage_path: str | None = None
+    experiment: str | None = None
+    resume: bool = False
+    working_dir: str | None = None
+    py_modules: bool = False
+    pip: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # KEY or KEY=VALUE
+    job_id: str | None = None
+    check: bool = True  # check algorithm, env and setting names here (needs RLlib)
 
 
 @dataclass
@@ -310,8 +246,10 @@ class Submission:
     temporary: bool
 
 
-def build_submission(args: argparse.Namespace) -> Submission:
+def build_submission(args: SubmitOptions) -> Submission:
+    """The entrypoint, runtime_env and metadata of a sweep job; raises UsageError."""
     from haepo_ray import __version__
+    from haepo_ray.sweep.plan import SweepPlan
     from haepo_ray.sweep.spec import SpecError, load_spec
 
     spec_path = Path(args.spec).expanduser()
@@ -319,7 +257,9 @@ def build_submission(args: argparse.Namespace) -> Submission:
         raise UsageError(f"spec not found: {args.spec}" + (" (a folder)" if spec_path.is_dir() else ""))
     spec_path = spec_path.resolve()
     try:
-        spec = load_spec(spec_path, check=not args.no_check)
+        spec = load_spec(spec_path)
+        if args.check:
+            SweepPlan.resolve(spec)
     except SpecError as err:
         raise UsageError(f"invalid spec\n{err}") from None
 
@@ -403,32 +343,10 @@ def _slug(text: str) -> str:
     return out.strip("-")[:40] or "sweep"
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    sub = build_submission(args)
-    try:
-        client = _Client(args.address, args.auth_token_file)
-        job_id = client.submit_job(entrypoint=sub.entrypoint, runtime_env=sub.runtime_env,
-                                   metadata=sub.metadata, submission_id=sub.submission_id)
-    finally:
-        if sub.temporary:
-            shutil.rmtree(sub.working_dir, ignore_errors=True)
-    print(job_id, flush=True)
-    err = sys.stderr
-    print(f"submitted to {client.address}: {sub.entrypoint}", file=err)
-    print(f"results: {sub.metadata['haepo.storage']}", file=err)
-    for note in sub.notes:
-        print(f"note: {note}", file=err)
-    if not args.follow:
-        print(f"logs: haepo logs {job_id} --address {client.address} --follow\n"
-              f"stop: haepo stop {job_id} --address {client.address}", file=err, flush=True)
-        return 0
-    return _follow(client, job_id)
-
-
 # --------------------------------------------------------------------------- follow / logs
 
 
-def _follow(client: _Client, job_id: str) -> int:
+def follow(client: JobsClient, job_id: str) -> int:
     async def tail() -> None:
         async for chunk in client.sdk.tail_job_logs(job_id):
             sys.stdout.write(chunk)
@@ -442,7 +360,7 @@ def _follow(client: _Client, job_id: str) -> int:
         except Exception as err:  # the stream broke (head restarted, network): poll instead
             print(f"\nhaepo: log stream interrupted ({type(err).__name__}: {err}); waiting for "
                   f"the job to end", file=sys.stderr, flush=True)
-        status = _wait_terminal(client, job_id, timeout=None)
+        status = wait_terminal(client, job_id, timeout=None)
     except KeyboardInterrupt:
         print(f"\nhaepo: stopped following; the job goes on. Stop it with: haepo stop {job_id} "
               f"--address {client.address}", file=sys.stderr)
@@ -453,9 +371,9 @@ def _follow(client: _Client, job_id: str) -> int:
     return 0 if status == "SUCCEEDED" else 1
 
 
-def _status(client: _Client, job_id: str) -> str:
+def job_status(client: JobsClient, job_id: str) -> str:
     """The job's status; a UsageError naming the job when the cluster does not know it."""
-    from haepo_ray.cli import UsageError
+    from haepo_ray.cli.errors import UsageError
 
     try:
         return str(client.get_job_status(job_id).value)
@@ -465,75 +383,10 @@ def _status(client: _Client, job_id: str) -> str:
         raise
 
 
-def _wait_terminal(client: _Client, job_id: str, timeout: float | None) -> str:
+def wait_terminal(client: JobsClient, job_id: str, timeout: float | None) -> str:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        status = _status(client, job_id)
+        status = job_status(client, job_id)
         if status in TERMINAL or (deadline is not None and time.monotonic() >= deadline):
             return status
         time.sleep(1.0)
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    client = _Client(args.address, args.auth_token_file)
-    _status(client, args.job)
-    if args.follow:
-        return _follow(client, args.job)
-    sys.stdout.write(client.get_job_logs(args.job))
-    return 0
-
-
-# --------------------------------------------------------------------------- jobs / stop
-
-
-def _fmt_time(ms: int | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
-
-
-def _fmt_duration(start: int | None, end: int | None) -> str:
-    if not start:
-        return "-"
-    seconds = int(((end or time.time() * 1000) - start) / 1000)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def cmd_jobs(args: argparse.Namespace) -> int:
-    from haepo_ray.sweep.tuner import format_table
-
-    client = _Client(args.address, args.auth_token_file)
-    jobs = client.list_jobs()
-    if not args.all:
-        jobs = [j for j in jobs if j.submission_id]
-    jobs.sort(key=lambda j: j.start_time or 0)
-    if not jobs:
-        print(f"no jobs on {client.address}")
-        return 0
-    rows = []
-    for j in jobs:
-        meta = j.metadata or {}
-        entry = j.entrypoint or ""
-        rows.append([j.submission_id or j.job_id or "-", str(getattr(j.status, "value", j.status)),
-                     _fmt_time(j.start_time), _fmt_duration(j.start_time, j.end_time),
-                     meta.get("haepo.experiment", "-"),
-                     entry if len(entry) <= 60 else entry[:57] + "..."])
-    print(format_table(["job", "status", "started", "duration", "experiment", "entrypoint"], rows))
-    return 0
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    client = _Client(args.address, args.auth_token_file)
-    status = _status(client, args.job)
-    if status in TERMINAL:
-        print(f"job {args.job} is not running ({status})")
-        return 0
-    client.stop_job(args.job)
-    if args.no_wait:
-        print(f"job {args.job}: stop requested")
-        return 0
-    status = _wait_terminal(client, args.job, timeout=args.timeout)
-    if status in TERMINAL:
-        print(f"job {args.job} {status}")
-        return 0
-    print(f"job {args.job} still {status} after {args.timeout:.0f} s; Ray kills it after its "
-          f"grace period", file=sys.stderr)
-    return 1

@@ -319,11 +319,11 @@ def test_defaults_validate_with_the_documented_references():
 def test_a_sweep_spec_names_the_baselines_in_a_fresh_interpreter():
     """The sweep loader resolves the baselines by name (haepo_ray.registry), nothing imported first."""
     code = (
-        "from haepo_ray.sweep.spec import parse_spec, algo_config\n"
+        "from haepo_ray.sweep.plan import parse_plan\n"
         "for name, key in (('DPO', 'dpo_beta'), ('GRPO', 'clip_param')):\n"
-        "    spec = parse_spec({'algorithm': name, 'env': 'haepo/ChainMDP-v0', 'settings': {key: 0.3},\n"
+        "    plan = parse_plan({'algorithm': name, 'env': 'haepo/ChainMDP-v0', 'settings': {key: 0.3},\n"
         "                       'stop': {'iterations': 1}})\n"
-        "    config = algo_config(spec)\n"
+        "    config = plan.trial_config({})\n"
         "    print(type(config).__name__, getattr(config, key))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

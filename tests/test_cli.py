@@ -74,7 +74,7 @@ def test_train_runs_and_writes_a_loadable_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("algo", ["DPO", "GRPO"])
 def test_train_knows_the_baselines(algo):
-    from haepo_ray.cli import build_config
+    from haepo_ray.cli.train import train_config
 
-    config = build_config(algo, "haepo/ChainMDP-v0", 0, {"lr": 0.05})
+    config = train_config(algo, "haepo/ChainMDP-v0", 0, {"lr": 0.05})
     assert type(config).__name__ == f"{algo}Config" and config.lr == 0.05

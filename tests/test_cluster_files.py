@@ -210,7 +210,7 @@ def test_rayjob_runs_a_sweep_spec_on_the_cluster():
     assert spec_in_image.startswith("/opt/haepo/tune_configs/"), "a spec baked into the image"
     local = REPO / "tune_configs" / Path(spec_in_image).name
     assert local.is_file(), f"{local} (copied into the image by cluster/docker/Dockerfile)"
-    load_spec(local, check=False)
+    load_spec(local)
     assert argv[argv.index("--address") + 1] == "auto"
     storage = argv[argv.index("--storage-path") + 1]
     assert "$" not in storage, "the submitter pod's shell would expand it (empty there)"

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from haepo_ray import cli, jobs
+from haepo_ray.cli import jobs as jobs_cli
 from haepo_ray.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,10 +165,10 @@ def test_token_sources_in_order(tmp_path, monkeypatch):
         jobs.find_token(str(tmp_path / "empty"), {}, home)
 
 
-def _submit_args(spec: Path, *extra: str) -> argparse.Namespace:
+def _submit_args(spec: Path, *extra: str) -> jobs.SubmitOptions:
     parser = argparse.ArgumentParser()
-    jobs.add_parsers(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["submit", str(spec), "--no-check", *extra])
+    jobs_cli.add_parsers(parser.add_subparsers(dest="command"))
+    return jobs_cli.submit_options(parser.parse_args(["submit", str(spec), "--no-check", *extra]))
 
 
 def test_submission_packages_the_spec_and_routes_tracking_and_storage(tmp_path, monkeypatch):

@@ -20,8 +20,8 @@ from haepo_ray.report import build_report
 from haepo_ray.report.aggregate import Group, group_trials
 from haepo_ray.report.figures import write_figures
 from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
-from haepo_ray.sweep.spec import parse_spec
-from haepo_ray.sweep.tuner import run_sweep
+from haepo_ray.sweep.plan import parse_plan
+from haepo_ray.sweep.runner import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("HAEPO_TEST_ARTIFACTS", REPO / ".haepo" / "test-artifacts"))
@@ -49,7 +49,7 @@ def store(ray_session, tmp_path_factory):
     """(tracking URI, sweep result) of the bandit sweep above."""
     root = tmp_path_factory.mktemp("report")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    result = run_sweep(parse_spec(SPEC, "report-bandit.yaml"), tracking_uri=uri,
+    result = run_sweep(parse_plan(SPEC, "report-bandit.yaml"), tracking_uri=uri,
                        storage_path=str(root / "ray"), verbose=0, out=io.StringIO())
     assert len(result.trials) == 8 and all(t.status == "TERMINATED" for t in result.trials)
     return uri, result

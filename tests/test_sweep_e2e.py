@@ -25,8 +25,10 @@ from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
 from haepo_ray.envs import ChainMDPEnv
-from haepo_ray.sweep.spec import load_spec, parse_spec
-from haepo_ray.sweep.tuner import format_summary, planned_trials, run_sweep
+from haepo_ray.sweep.dry_run import planned_trials
+from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.results import format_summary
+from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.tracking import find_sweep_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +106,7 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
 def test_smoke_sweep_sqlite(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = load_spec(SMOKE)
+    spec = load_plan(SMOKE)
     out = io.StringIO()
     result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=out,
                        spec_text=SMOKE.read_text())
@@ -153,7 +155,7 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     register_env("haepo-test/FlakyChain-v0", _flaky_env)
     marker = tmp_path / "failed"
-    spec = parse_spec({
+    spec = parse_plan({
         "name": "flaky",
         "algorithm": "HAEPO",
         "env": "haepo-test/FlakyChain-v0",
@@ -298,7 +300,7 @@ def test_ppo_sweep_on_a_haepo_env(ray_session, tmp_path, monkeypatch):
     """RLlib's PPO runs from a spec too; its trials make the haepo envs; batch_size is its
     train_batch_size_per_learner; it reports the envs' success rate like HAEPO."""
     monkeypatch.chdir(tmp_path)
-    spec = parse_spec(_tiny(name="ppo", algorithm="PPO",
+    spec = parse_plan(_tiny(name="ppo", algorithm="PPO",
                             settings={"num_env_runners": 0, "batch_size": 64, "minibatch_size": 32,
                                       "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}},
                             search_space={"lr": {"grid": [1e-3, 3e-3]}}, stop={"iterations": 2}),
@@ -322,7 +324,7 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
     The trial runs to the end; Tune sees the last return carried over (NaN before the first
     episode); MLflow holds only the returns of iterations that ended an episode."""
     monkeypatch.chdir(tmp_path)
-    spec = parse_spec(_tiny(name="long", algorithm="PPO", env="haepo/RandomWalk-v0",
+    spec = parse_plan(_tiny(name="long", algorithm="PPO", env="haepo/RandomWalk-v0",
                             env_config={"target": 30, "horizon": 200},
                             settings={"num_env_runners": 0, "batch_size": 64, "minibatch_size": 32,
                                       "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}},
@@ -353,7 +355,7 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
 
 def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = parse_spec(_tiny(
+    spec = parse_plan(_tiny(
         name="optuna",
         search_space={"lr": {"loguniform": [1e-3, 1e-1]}, "beta_ent": {"uniform": [0.0, 0.1]},
                       "reward_normalization": {"choice": ["zscore", "sum"]}},
@@ -378,7 +380,7 @@ def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, m
     monkeypatch.chdir(tmp_path)
     mutations = {"lr": {"loguniform": [1e-3, 1e-1]}, "beta_ent": {"loguniform": [1e-3, 1e-1]},
                  "beta_kl": {"choice": [0.0, 0.01, 0.1]}}
-    spec = parse_spec(_tiny(
+    spec = parse_plan(_tiny(
         name="pbt",
         search_space={**mutations, "seed": {"grid": [0, 1, 2, 3]}},
         search={"algorithm": "random", "seed": 0},

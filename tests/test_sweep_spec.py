@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from haepo_ray.sweep.spec import SpecError, load_spec, param_space, parse_spec
-from haepo_ray.sweep.tuner import dry_run, planned_trials
+from haepo_ray.sweep.dry_run import dry_run, planned_trials
+from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = sorted((REPO / "tune_configs").rglob("*.yaml"))
@@ -35,10 +36,11 @@ def test_the_paper_experiments_are_all_there():
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_every_spec_validates_and_dry_runs(path, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    spec = load_spec(path)
+    plan = load_plan(path)
+    spec = plan.spec
     assert spec.name == path.stem
     out = io.StringIO()
-    trials = dry_run(spec, out=out)
+    trials = dry_run(plan, out=out)
     text = out.getvalue()
     assert f"{spec.algorithm} on {spec.env}" in text
     assert len(trials) == EXPECTED_TRIALS.get(path.stem, len(trials))
@@ -47,8 +49,9 @@ def test_every_spec_validates_and_dry_runs(path, monkeypatch, tmp_path):
 
 
 def test_the_bandit_grid_is_the_papers():
-    spec = load_spec(REPO / "tune_configs" / "paper" / "bandit_k20_haepo.yaml")
-    trials = planned_trials(spec)
+    plan = load_plan(REPO / "tune_configs" / "paper" / "bandit_k20_haepo.yaml")
+    spec = plan.spec
+    trials = planned_trials(plan)
     assert {(t.values["lr"], t.values["batch_size"], t.values["seed"]) for t in trials} == {
         (lr, m, s) for lr in (1e-3, 2e-3, 5e-3) for m in (8, 16, 32) for s in range(5)}
     assert spec.env_config["num_arms"] == len(spec.env_config["arm_means"]) == 20
@@ -89,21 +92,21 @@ def _write(tmp_path: Path, data: dict | str, name: str = "bad.yaml") -> Path:
 def test_numbers_like_1e_3_are_floats(tmp_path):
     path = _write(tmp_path, "algorithm: HAEPO\nenv: haepo/ChainMDP-v0\nsettings: {lr: 1e-3}\n"
                             "search_space: {beta_ent: {grid: [5e-2, 1e-1]}}\nstop: {iterations: 1}\n")
-    spec = load_spec(path)
+    spec = load_plan(path).spec
     assert spec.settings["lr"] == 1e-3
     assert spec.search_space["beta_ent"].values == [0.05, 0.1]
 
 
 def test_batch_size_alias_and_property_names_map_to_the_config_keys():
-    haepo = parse_spec(_spec(search_space={"batch_size": {"grid": [8, 16]}},
+    haepo = parse_plan(_spec(search_space={"batch_size": {"grid": [8, 16]}},
                              settings={"model_config": {"fcnet_hiddens": [16]}}), "a.yaml")
-    space = param_space(haepo)
+    space = haepo.param_space
     assert space["episodes_per_batch"] == {"grid_search": [8, 16]}
     assert space["_model_config"] == {"fcnet_hiddens": [16]}
-    ppo = parse_spec(_spec(algorithm="PPO", settings={"batch_size": 64, "minibatch_size": 32},
+    ppo = parse_plan(_spec(algorithm="PPO", settings={"batch_size": 64, "minibatch_size": 32},
                            search_space={"lr": {"loguniform": [1e-4, 1e-2]}}, search={"algorithm": "random"}),
                      "b.yaml")
-    space = param_space(ppo)
+    space = ppo.param_space
     assert space["_train_batch_size_per_learner"] == 64
     assert type(space["lr"]).__name__ == "Float"
 
@@ -111,7 +114,7 @@ def test_batch_size_alias_and_property_names_map_to_the_config_keys():
 def _error(tmp_path, data, name="bad.yaml") -> str:
     path = _write(tmp_path, data, name)
     with pytest.raises(SpecError) as info:
-        load_spec(path)
+        load_plan(path)
     message = str(info.value)
     assert str(path) in message, message
     return message
@@ -186,7 +189,7 @@ def test_invalid_setting_values_are_named(tmp_path):
     message = _error(tmp_path, _spec(settings={"reward_normalization": "l2"}))
     assert "settings" in message and "reward_normalization" in message and "zscore" in message
     # A value that only a trial of the grid has: dry-run names the trial.
-    spec = parse_spec(_spec(search_space={"batch_size": {"grid": [4, 0]}}), "grid.yaml")
+    spec = parse_plan(_spec(search_space={"batch_size": {"grid": [4, 0]}}), "grid.yaml")
     with pytest.raises(SpecError) as info:
         dry_run(spec, out=io.StringIO())
     assert "grid.yaml: trial 1 {'batch_size': 0}" in str(info.value)
@@ -208,7 +211,7 @@ def test_yaml_errors_and_non_mappings(tmp_path):
     message = _error(tmp_path, "- just\n- a list\n")
     assert "a spec is a YAML mapping" in message
     with pytest.raises(SpecError, match="cannot read the spec"):
-        load_spec(tmp_path / "missing.yaml")
+        load_plan(tmp_path / "missing.yaml")
 
 
 def test_cli_prints_named_errors_without_traceback(tmp_path):
@@ -222,21 +225,20 @@ def test_cli_prints_named_errors_without_traceback(tmp_path):
 
 
 def test_trial_resources_cpus_and_fractional_gpus():
-    from haepo_ray.sweep.tuner import trial_resources
 
-    spec = parse_spec(_spec(settings={"num_env_runners": 1, "batch_size": 4},
+    spec = parse_plan(_spec(settings={"num_env_runners": 1, "batch_size": 4},
                             resources={"cpus": 1, "gpus": 0.5}), "gpu.yaml")
     # The trial's main process holds the learner (num_learners=0) and the GPU share; the env
     # runner adds its own CPU.
-    assert trial_resources(spec) == {"CPU": 2.0, "GPU": 0.5}
-    spec = parse_spec(_spec(resources={"cpus": 2}), "cpu.yaml")
-    assert trial_resources(spec) == {"CPU": 2.0}
+    assert spec.trial_resources() == {"CPU": 2.0, "GPU": 0.5}
+    spec = parse_plan(_spec(resources={"cpus": 2}), "cpu.yaml")
+    assert spec.trial_resources() == {"CPU": 2.0}
 
 
 def test_dry_run_names_the_trial_whose_config_is_invalid():
     """The fixed settings are valid, one trial's search values are not (PPO's default
     minibatch of 128 exceeds a batch of 8): a SpecError naming the trial, no traceback."""
-    spec = parse_spec({
+    spec = parse_plan({
         "algorithm": "PPO", "env": "haepo/ChainMDP-v0",
         "search_space": {"batch_size": {"grid": [8]}}, "stop": {"iterations": 1},
     }, "ppo.yaml")

@@ -21,8 +21,8 @@ import yaml
 from ray import tune
 
 from haepo_ray import tracking
-from haepo_ray.sweep.spec import load_spec, parse_spec
-from haepo_ray.sweep.tuner import run_sweep
+from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.runner import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tune_configs" / "smoke.yaml"
@@ -140,7 +140,7 @@ def test_smoke_sweep_remote_mlflow_server(ray_session, mlflow_server, tmp_path, 
     from test_sweep_e2e import check_sweep_in_mlflow
 
     monkeypatch.chdir(tmp_path)
-    result = run_sweep(load_spec(SMOKE), tracking_uri=mlflow_server.uri,
+    result = run_sweep(load_plan(SMOKE), tracking_uri=mlflow_server.uri,
                        storage_path=str(tmp_path / "results"), out=io.StringIO())
     assert all(t.status == "TERMINATED" and t.iterations == 8 for t in result.trials)
     assert not result.not_logged
@@ -182,7 +182,7 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
     # trigger) before the trials end, also on a loaded machine.
     data["stop"] = {"iterations": 30}
     data["settings"].update(lr=0.05, min_time_s_per_iteration=0.5)
-    spec = parse_spec(data, "doomed.yaml")
+    spec = parse_plan(data, "doomed.yaml")
     killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db)
 
     with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):

@@ -26,6 +26,7 @@ __all__ = [
     "NewsvendorEnv",
     "RandomWalkEnv",
     "check_env_id",
+    "make_env",
     "register_with_ray",
     "registered_envs",
 ]
@@ -70,6 +71,15 @@ def check_env_id(env_id: str) -> None:
         f"unknown env {env_id!r}: not a registered gymnasium id or Ray Tune env "
         f"(haepo-ray's own: {', '.join(_ENVS)})"
     )
+
+
+def make_env(env_id: str, env_config: dict | None = None) -> gym.Env:
+    """One env as a trial would make it: Ray Tune's env registry first, then gymnasium."""
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if _global_registry.contains(ENV_CREATOR, env_id):
+        return _global_registry.get(ENV_CREATOR, env_id)(dict(env_config or {}))
+    return gym.make(env_id, **dict(env_config or {}))
 
 
 _register_with_gymnasium()

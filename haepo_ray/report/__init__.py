@@ -25,6 +25,7 @@ import pandas as pd
 from haepo_ray.report.aggregate import Group, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
 from haepo_ray.report.runs import load_trials
+from haepo_ray.tables import cell, format_table
 
 __all__ = ["Report", "build_report"]
 
@@ -65,23 +66,17 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     return report
 
 
-def _cell(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def to_markdown(table: pd.DataFrame) -> str:
     """The table as GitHub Markdown (numbers to 4 significant digits)."""
     header = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    rows = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
 
 
 def to_text(table: pd.DataFrame) -> str:
     """The table for a terminal: aligned columns."""
-    cells = [list(table.columns)] + [[_cell(v) for v in row] for row in table.itertuples(index=False)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
+    return format_table(list(table.columns), list(table.itertuples(index=False)), rule=False)
 
 
 def render_html(report: Report, tracking_uri: str) -> str:

@@ -58,9 +58,9 @@ that names the file, the key and what is allowed. The format::
 
 Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats.
 
-:func:`load_spec` parses and checks a file (the structure with pydantic, then the algorithm,
-environment and setting names against RLlib); :func:`algo_config` builds the RLlib
-AlgorithmConfig of one trial.
+:func:`load_spec` parses a file and checks its structure (pydantic); this module imports no
+Ray. :class:`haepo_ray.sweep.plan.SweepPlan` resolves a spec against RLlib (algorithm, env and
+setting names, trial configs).
 """
 
 from __future__ import annotations
@@ -83,16 +83,17 @@ from pydantic import (
     model_validator,
 )
 
+from haepo_ray import names
+
 DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 SEARCH_ALGORITHMS = ("grid", "random", "optuna")
-BATCH_SIZE_ALIAS = "batch_size"
 
 # Friendly stop keys -> Tune's result keys.
 STOP_KEYS = {
-    "iterations": "training_iteration",
-    "seconds": "time_total_s",
-    "env_steps": "env_runners/num_env_steps_sampled_lifetime",
-    "episode_return_mean": "env_runners/episode_return_mean",
+    "iterations": names.TRAINING_ITERATION,
+    "seconds": names.TIME_TOTAL_S,
+    "env_steps": names.ENV_STEPS,
+    "episode_return_mean": names.EPISODE_RETURN_MEAN,
 }
 
 
@@ -280,7 +281,7 @@ class SweepSpec(_Model):
     search_space: dict[str, Dim] = Field(default_factory=dict)
     search: SearchSettings = Field(default_factory=SearchSettings)
     scheduler: Scheduler = Field(default_factory=FIFOScheduler)
-    metric: str = "env_runners/episode_return_mean"
+    metric: str = names.EPISODE_RETURN_MEAN
     mode: Literal["max", "min"] = "max"
     stop: StopSpec
     resources: Resources = Field(default_factory=Resources)
@@ -413,186 +414,11 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- algorithm checks
-
-
-def _config_class_defaults(algorithm: str):
-    from haepo_ray.registry import algorithm_class
-
-    cls = algorithm_class(algorithm)
-    return cls, cls.get_default_config()
-
-
-def setting_keys(config) -> dict[str, str]:
-    """Public setting name -> key in ``config.to_dict()`` (what a trial's config holds)."""
-    keys: dict[str, str] = {}
-    for key in config.to_dict():
-        if key.startswith("_"):
-            public = key[1:]
-            if isinstance(getattr(type(config), public, None), property):
-                keys[public] = key
-            keys[key] = key
-        else:
-            keys[key] = key
-    return keys
-
-
-def batch_size_key(config) -> str:
-    """What the ``batch_size`` alias means for this algorithm."""
-    return "episodes_per_batch" if hasattr(config, "episodes_per_batch") else "train_batch_size_per_learner"
-
-
-def _public_settings(keys: dict[str, str]) -> list[str]:
-    return sorted(k for k in keys if not k.startswith("_"))
-
-
-def check_algorithm(spec: SweepSpec, source: str) -> None:
-    """Checks the algorithm, env and every setting name against RLlib; raises SpecError."""
-    from haepo_ray.registry import UnknownAlgorithm
-
-    try:
-        _, config = _config_class_defaults(spec.algorithm)
-    except UnknownAlgorithm as err:
-        raise SpecError(f"{source}: algorithm: {err}") from None
-
-    try:
-        from haepo_ray.envs import check_env_id
-    except ImportError:  # pragma: no cover - envs package missing
-        check_env_id = None
-    if check_env_id is not None:
-        try:
-            check_env_id(spec.env)
-        except Exception as err:
-            raise SpecError(f"{source}: env: {err}") from None
-    try:
-        _make_env(spec.env, spec.env_config).close()
-    except Exception as err:
-        raise SpecError(f"{source}: env_config: {spec.env} does not take {spec.env_config}: "
-                        f"{type(err).__name__}: {err}") from None
-
-    keys = setting_keys(config)
-    alias_target = batch_size_key(config)
-    errors = []
-    for section, names in (
-        ("settings", list(spec.settings)),
-        ("search_space", list(spec.search_space)),
-        ("scheduler.mutations", list(getattr(spec.scheduler, "mutations", {}) or {})),
-    ):
-        for name in names:
-            if name == BATCH_SIZE_ALIAS:
-                continue
-            if name in ("env", "env_config"):
-                errors.append(f"{source}: {section}.{name}: set the environment with the top-level "
-                              f"keys env and env_config")
-                continue
-            if name not in keys:
-                close = difflib.get_close_matches(name, _public_settings(keys), n=3)
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                errors.append(
-                    f"{source}: {section}.{name}: {spec.algorithm} has no setting {name!r}{hint}; "
-                    f"allowed: the attributes of {type(config).__name__} (e.g. lr, gamma, "
-                    f"{alias_target}, num_env_runners, model_config), or batch_size"
-                )
-    for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space)):
-        if BATCH_SIZE_ALIAS in mapping and alias_target in mapping:
-            errors.append(f"{source}: {section}: give either batch_size or {alias_target}, not both")
-    both = (set(spec.settings) & set(spec.search_space)) - {BATCH_SIZE_ALIAS}
-    for name in sorted(both):
-        errors.append(f"{source}: {name}: in both settings and search_space; keep one")
-    if errors:
-        raise SpecError("\n".join(errors))
-
-    # The fixed part must already make a valid config (each trial is checked in dry-run).
-    try:
-        algo_config(spec, {})
-    except SpecError as err:
-        raise SpecError(f"{source}: settings: {err}") from None
-
-
-def _make_env(env_id: str, env_config: dict[str, Any]):
-    """One env as a trial would make it (Tune's env registry first, then gymnasium)."""
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
-    if _global_registry.contains(ENV_CREATOR, env_id):
-        return _global_registry.get(ENV_CREATOR, env_id)(dict(env_config))
-    import gymnasium as gym
-
-    return gym.make(env_id, **env_config)
-
-
-# --------------------------------------------------------------------------- building configs
-
-
-def _normalise_setting_names(config, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Maps ``batch_size`` and property names (``model_config``) to the config's own keys."""
-    keys = setting_keys(config)
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        if name == BATCH_SIZE_ALIAS:
-            name = batch_size_key(config)
-        out[keys.get(name, name)] = value
-    return out
-
-
-def algo_config(spec: SweepSpec, values: Mapping[str, Any] | None = None, *, validate: bool = True):
-    """The RLlib AlgorithmConfig of one trial: defaults, env, settings, resources, then
-    ``values`` (one point of the search space, by setting name)."""
-    from haepo_ray.settings import apply_defaults
-
-    _, config = _config_class_defaults(spec.algorithm)
-    config.environment(spec.env, env_config=dict(spec.env_config))
-    apply_defaults(config)
-    _apply_resources(config, spec.resources)
-    config.update_from_dict(_normalise_setting_names(config, spec.settings))
-    if values:
-        config.update_from_dict(_normalise_setting_names(config, values))
-    if validate:
-        try:
-            config.validate()
-        except Exception as err:
-            raise SpecError(str(err).split("\nTo suppress")[0]) from None
-    return config
-
-
-def _apply_resources(config, resources: Resources) -> None:
-    """``resources`` -> the trial's main process (and its local learner when num_learners=0).
-
-    Settings may still override these (num_cpus_for_main_process, num_gpus_per_learner, ...).
-    """
-    config.resources(num_cpus_for_main_process=resources.cpus)
-    config.learners(num_gpus_per_learner=resources.gpus)
-    if resources.gpus == 0:
-        config.learners(num_cpus_per_learner=resources.cpus)
-
-
-def param_space(spec: SweepSpec) -> dict[str, Any]:
-    """Tune's ``param_space``: the trial config dict, search axes as Tune domains."""
-    config = algo_config(spec, {}, validate=False)
-    space = config.to_dict()
-    for key, dim in _normalise_setting_names(config, spec.search_space).items():
-        space[key] = dim.to_tune()
-    return space
-
-
-def search_keys(spec: SweepSpec) -> dict[str, str]:
-    """Spec search-space name -> key in the trial config (e.g. batch_size -> episodes_per_batch)."""
-    _, config = _config_class_defaults(spec.algorithm)
-    return {name: next(iter(_normalise_setting_names(config, {name: None}))) for name in spec.search_space}
-
-
-def mutation_space(spec: SweepSpec) -> dict[str, Any]:
-    """PBT's ``hyperparam_mutations`` (config keys -> Tune domains / lists)."""
-    _, config = _config_class_defaults(spec.algorithm)
-    out: dict[str, Any] = {}
-    for key, dim in _normalise_setting_names(config, spec.scheduler.mutations).items():
-        out[key] = list(dim.values) if dim.kind == "choice" else dim.to_tune()
-    return out
-
-
 # --------------------------------------------------------------------------- entry point
 
 
-def parse_spec(data: Any, source: str = "<spec>", *, check: bool = True) -> SweepSpec:
+def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
+    """Validates the structure of a spec's data; raises :class:`SpecError`."""
     if not isinstance(data, Mapping):
         raise SpecError(f"{source}: a spec is a YAML mapping (key: value), got {type(data).__name__}")
     try:
@@ -602,20 +428,16 @@ def parse_spec(data: Any, source: str = "<spec>", *, check: bool = True) -> Swee
     spec.source = source
     if spec.name is None and source not in ("<spec>", ""):
         spec.name = Path(source).stem
-    if check:
-        check_algorithm(spec, source)
     return spec
 
 
-def load_spec(path: str | Path, *, check: bool = True) -> SweepSpec:
-    """Reads and validates a sweep spec; raises :class:`SpecError` naming file, key, allowed.
-
-    ``check=False`` skips the checks that import RLlib (algorithm, env, setting names).
-    """
+def load_spec(path: str | Path) -> SweepSpec:
+    """Reads a sweep spec and validates its structure; raises :class:`SpecError` naming the
+    file, the key and what is allowed. Algorithm, env and setting names are checked against
+    RLlib by :meth:`haepo_ray.sweep.plan.SweepPlan.resolve`."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as err:
         raise SpecError(f"{path}: cannot read the spec: {err.strerror or err}") from None
-    spec = parse_spec(load_yaml(text, str(path)), str(path), check=check)
-    return spec
+    return parse_spec(load_yaml(text, str(path)), str(path))

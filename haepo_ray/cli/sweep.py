@@ -10,7 +10,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from haepo_ray.cli import UsageError
+from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
+from haepo_ray.cli.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
@@ -24,51 +25,47 @@ def add_parser(subparsers) -> None:
             "run per sweep and one nested child run per trial."
         ),
     )
-    p.add_argument("spec", metavar="SPEC", help="a sweep spec, e.g. tune_configs/smoke.yaml")
+    add_spec(p)
     p.add_argument("--address", metavar="ADDR",
                    help="join this Ray cluster (auto: the one on this machine, or HOST:6379) "
                         "instead of starting an embedded local Ray; from outside the cluster, "
                         "submit the sweep as a Ray job (ray job submit -- haepo sweep SPEC "
                         "--address auto)")
-    p.add_argument("--tracking-uri", metavar="URI",
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
-                        "sqlite:///<cwd>/.haepo/mlflow.db)")
-    p.add_argument("--experiment", metavar="NAME",
-                   help="experiment name: MLflow experiment and Ray results folder "
-                        "(default: the spec's name, i.e. its file name)")
+    add_tracking_uri(p)
+    add_experiment(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the newest run of this experiment (after a crash or kill): "
                         "finished trials stay finished, the others restart from their last "
                         "checkpoint, MLflow runs are reused")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the spec and print the resolved trials; run nothing")
-    p.add_argument("--storage-path", metavar="PATH",
-                   help="Ray results root (default: the spec's storage_path, else "
-                        "<cwd>/.haepo/ray_results); shared storage (NFS, s3://) on a multi-node cluster")
+    add_storage_path(p)
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--quiet", action="store_true", help="no live trial table, only the summary")
     p.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from haepo_ray.sweep.spec import SpecError, load_spec
-    from haepo_ray.sweep.tuner import SweepError, dry_run, run_sweep
+    from haepo_ray.sweep.dry_run import dry_run
+    from haepo_ray.sweep.plan import load_plan
+    from haepo_ray.sweep.runner import SweepError, run_sweep
+    from haepo_ray.sweep.spec import SpecError
 
     _configure_logging()
     try:
-        spec = load_spec(args.spec)
+        plan = load_plan(args.spec)
     except SpecError as err:
         raise UsageError(f"invalid spec\n{err}") from None
     if args.dry_run:
         try:
-            dry_run(spec, experiment=args.experiment, storage_path=args.storage_path,
+            dry_run(plan, experiment=args.experiment, storage_path=args.storage_path,
                     tracking_uri=args.tracking_uri, address=args.address)
         except SpecError as err:
             raise UsageError(str(err)) from None
         return 0
     try:
         result = run_sweep(
-            spec,
+            plan,
             address=args.address,
             tracking_uri=args.tracking_uri,
             experiment=args.experiment,

@@ -1,0 +1,28 @@
+"""Command-line options that several ``haepo`` sub-commands share, declared once."""
+
+from __future__ import annotations
+
+import argparse
+
+TRACKING_URI_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                     "sqlite:///<cwd>/.haepo/mlflow.db)")
+EXPERIMENT_HELP = ("experiment name: MLflow experiment and Ray results folder "
+                   "(default: the spec's name, i.e. its file name)")
+STORAGE_PATH_HELP = ("Ray results root (default: the spec's storage_path, else "
+                     "<cwd>/.haepo/ray_results); shared storage (NFS, s3://) on a multi-node cluster")
+
+
+def add_spec(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="a sweep spec, e.g. tune_configs/smoke.yaml")
+
+
+def add_tracking_uri(p: argparse.ArgumentParser, help: str = TRACKING_URI_HELP) -> None:
+    p.add_argument("--tracking-uri", metavar="URI", help=help)
+
+
+def add_experiment(p: argparse.ArgumentParser, help: str = EXPERIMENT_HELP, *, repeat: bool = False) -> None:
+    p.add_argument("--experiment", metavar="NAME", help=help, action="append" if repeat else "store")
+
+
+def add_storage_path(p: argparse.ArgumentParser, help: str = STORAGE_PATH_HELP) -> None:
+    p.add_argument("--storage-path", metavar="PATH", help=help)

@@ -1,0 +1,35 @@
+"""``haepo report``: sweeps in MLflow -> figures, tables and an HTML page."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from haepo_ray.cli.args import add_experiment, add_tracking_uri
+from haepo_ray.cli.errors import UsageError
+
+
+def add_parser(subparsers) -> None:
+    report = subparsers.add_parser(
+        "report", help="turn sweeps in MLflow into figures, tables and an HTML page",
+        description="Read the trials of sweeps from MLflow, aggregate them over seeds and write "
+                    "figures (PNG, SVG), results.csv/.md and a self-contained index.html.")
+    add_experiment(report, "an MLflow experiment (a sweep's name; repeatable; default: all)", repeat=True)
+    report.add_argument("--out", default=str(Path(".haepo") / "report"), metavar="DIR",
+                        help="output folder (default .haepo/report)")
+    add_tracking_uri(report)
+    report.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from haepo_ray.report import build_report, to_text
+    from haepo_ray.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri, create=False)
+    try:
+        report = build_report(uri, args.experiment, args.out)
+    except LookupError as err:
+        raise UsageError(str(err.args[0])) from None
+    print(to_text(report.table))
+    print(f"\n{len(report.figures)} figures, results.csv, results.md and index.html in {report.out.resolve()}")
+    return 0

@@ -1,0 +1,125 @@
+"""RLlib configs as haepo-ray builds them, for ``haepo train`` and for every sweep trial alike.
+
+:func:`build_config` is the one route from (algorithm name, env, settings) to a validated
+``AlgorithmConfig``: the algorithm's defaults, then :func:`apply_defaults` (what haepo-ray
+gives every algorithm), the env, the resources, and the settings by name
+(:func:`apply_settings`: the ``batch_size`` alias and RLlib's property names resolved).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+from haepo_ray.registry import algorithm_class
+
+BATCH_SIZE_ALIAS = "batch_size"
+
+
+def apply_defaults(config: AlgorithmConfig) -> AlgorithmConfig:
+    """What sweeps and ``haepo train`` give every algorithm (HAEPO has both already): the
+    paper's episode metrics (regret, success rate) where ``config`` has RLlib's default
+    callbacks, and an independent seed per sub-env where it has RLlib's default env runner."""
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    from haepo_ray.callbacks import EpisodeInfoMetrics
+    from haepo_ray.env_runner import IndependentSeedsEnvRunner
+
+    if config.callbacks_class is RLlibCallback:
+        config.callbacks(EpisodeInfoMetrics)
+    if config.env_runner_cls is None and not config.is_multi_agent:
+        config.env_runners(env_runner_cls=IndependentSeedsEnvRunner)
+    return config
+
+
+def setting_keys(config: AlgorithmConfig) -> dict[str, str]:
+    """Public setting name -> key in ``config.to_dict()`` (what a trial's config holds):
+    RLlib keeps some settings behind a property (``model_config`` -> ``_model_config``)."""
+    keys: dict[str, str] = {}
+    for key in config.to_dict():
+        if key.startswith("_"):
+            public = key[1:]
+            if isinstance(getattr(type(config), public, None), property):
+                keys[public] = key
+        keys[key] = key
+    return keys
+
+
+def batch_size_key(config: AlgorithmConfig) -> str:
+    """What the ``batch_size`` alias means for this algorithm: M episodes for HAEPO-like
+    algorithms, else RLlib's ``train_batch_size_per_learner``."""
+    return "episodes_per_batch" if hasattr(config, "episodes_per_batch") else "train_batch_size_per_learner"
+
+
+def config_key(config: AlgorithmConfig, name: str) -> str:
+    """The key in ``config.to_dict()`` of the setting called ``name`` (alias and properties
+    resolved; an unknown name maps to itself)."""
+    if name == BATCH_SIZE_ALIAS:
+        name = batch_size_key(config)
+    return setting_keys(config).get(name, name)
+
+
+def apply_settings(config: AlgorithmConfig, settings: Mapping[str, Any]) -> AlgorithmConfig:
+    """Sets ``settings`` (by public name, ``batch_size`` allowed) on ``config`` and returns it.
+
+    ``model_config`` is merged into the one set so far. Raises ``ValueError`` naming the
+    keys ``config`` does not have.
+    """
+    keys = setting_keys(config)
+    unknown = sorted(k for k in settings if k != BATCH_SIZE_ALIAS and k not in keys)
+    if unknown:
+        raise ValueError(f"{type(config).__name__} has no setting(s) {unknown}")
+    values = {config_key(config, name): value for name, value in settings.items()}
+    model_config = values.pop("_model_config", None)
+    if model_config is not None:
+        if not isinstance(model_config, Mapping):
+            raise ValueError(f"model_config must be a mapping, got {model_config!r}")
+        user = config._model_config if isinstance(config._model_config, dict) else {}
+        config.rl_module(model_config={**user, **model_config})
+    config.update_from_dict(values)
+    return config
+
+
+def apply_resources(config: AlgorithmConfig, cpus: float, gpus: float) -> AlgorithmConfig:
+    """A trial's ``cpus`` and ``gpus`` -> its main process (and its local learner when
+    ``num_learners == 0``). Settings may still override them (``num_gpus_per_learner`` ...)."""
+    config.resources(num_cpus_for_main_process=cpus)
+    config.learners(num_gpus_per_learner=gpus)
+    if gpus == 0:
+        config.learners(num_cpus_per_learner=cpus)
+    return config
+
+
+def validate(config: AlgorithmConfig) -> AlgorithmConfig:
+    """``config.validate()``, its error without RLlib's "To suppress ..." boilerplate."""
+    try:
+        config.validate()
+    except Exception as err:
+        raise ValueError(str(err).split("\nTo suppress")[0]) from None
+    return config
+
+
+def build_config(
+    algorithm: str,
+    env: str,
+    *,
+    env_config: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
+    resources: tuple[float, float] | None = None,
+    seed: int | None = None,
+) -> AlgorithmConfig:
+    """The (unvalidated) AlgorithmConfig of ``algorithm`` on ``env``: defaults, haepo-ray's
+    defaults, ``resources`` (cpus, gpus), ``seed``, then ``settings`` by name.
+
+    Raises :class:`haepo_ray.registry.UnknownAlgorithm` or ``ValueError`` (unknown setting).
+    """
+    config = algorithm_class(algorithm).get_default_config()
+    config.environment(env, env_config=dict(env_config or {}))
+    apply_defaults(config)
+    if resources is not None:
+        apply_resources(config, *resources)
+    if seed is not None:
+        config.debugging(seed=seed)
+    return apply_settings(config, settings or {})

@@ -1,0 +1,84 @@
+"""``haepo sweep --dry-run``: every trial a sweep would run, with its values and resources;
+nothing starts."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.sweep.spec import SpecError
+from haepo_ray.tables import format_table
+
+
+@dataclass
+class PlannedTrial:
+    index: int
+    values: dict[str, Any]  # spec search-space name -> value
+
+
+def planned_trials(plan: SweepPlan) -> list[PlannedTrial] | None:
+    """The trials a grid/random search will run, as Tune will generate them (None for
+    Optuna: it suggests as it goes). Random draws are reproduced exactly when
+    ``search.seed`` is set; without it they are examples."""
+    spec = plan.spec
+    if spec.search.algorithm == "optuna":
+        return None
+    from ray.tune.search.sample import _BackwardsCompatibleNumpyRng
+    from ray.tune.search.variant_generator import generate_variants
+
+    # What BasicVariantGenerator does: the whole config, in its order, one random state.
+    rng = _BackwardsCompatibleNumpyRng(spec.search.seed)
+    keys = {name: plan.search_keys[name] for name in spec.search_space}
+    trials: list[PlannedTrial] = []
+    for _ in range(spec.search.num_samples):
+        for _, resolved in generate_variants({"config": plan.param_space}, random_state=rng):
+            values = {name: resolved["config"][key] for name, key in keys.items()}
+            trials.append(PlannedTrial(len(trials), values))
+    return trials
+
+
+def dry_run(plan: SweepPlan, *, out: TextIO = sys.stdout, experiment: str | None = None,
+            storage_path: str | None = None, tracking_uri: str | None = None,
+            address: str | None = None) -> list[PlannedTrial] | None:
+    """Prints the resolved sweep (every trial with its values and resources); starts nothing.
+    Every planned trial's config is validated; a bad one raises SpecError naming it."""
+    from haepo_ray.sweep.runner import experiment_root
+    from haepo_ray.tracking import resolve_tracking_uri
+
+    spec = plan.spec
+    trials = planned_trials(plan)
+    for t in trials or []:  # before anything builds a trial's config (resources do)
+        try:
+            plan.trial_config(t.values)
+        except SpecError as err:
+            raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p(f"sweep {spec.source or spec.experiment}: {spec.algorithm} on {spec.env} {spec.env_config or ''}")
+    p(f"  search: {spec.search.algorithm}, num_samples {spec.search.num_samples}"
+      + (f", seed {spec.search.seed}" if spec.search.seed is not None else ""))
+    sched = spec.scheduler.model_dump(mode="json")
+    if "mutations" in sched:
+        sched["mutations"] = {k: f"{d['kind']} {d['values']}" for k, d in sched["mutations"].items()}
+    p(f"  scheduler: {sched}")
+    p(f"  metric: {spec.metric} ({spec.mode});  stop: {spec.stop_dict()}")
+    p(f"  per trial: {plan.trial_resources(trials[0].values if trials else {})};  "
+      f"max concurrent: {spec.max_concurrent_trials or 'as resources allow'};  "
+      f"retries: {spec.max_failures};  checkpoint every {spec.checkpoint_frequency or '-'} "
+      f"iterations{', and at the end' if spec.checkpoint_at_end else ''}")
+    p(f"  Ray: {address or 'embedded local Ray'};  results: "
+      f"{experiment_root(spec, experiment, storage_path)}/<run>")
+    p(f"  MLflow: {resolve_tracking_uri(tracking_uri, create=False)} (experiment "
+      f"{experiment or spec.experiment!r})")
+    if trials is None:
+        p(f"  {spec.search.num_samples} trials suggested by Optuna TPE from:")
+        for name, dim in spec.search_space.items():
+            p(f"    {name}: {dim.describe()}")
+        return None
+    value_names = list(spec.search_space)
+    random = any(d.kind != "grid" for d in spec.search_space.values())
+    p(f"  {len(trials)} trials" + (" (random draws: examples, set search.seed to fix them)"
+                                   if random and spec.search.seed is None else "") + ":")
+    p(format_table(["trial"] + value_names, [[t.index] + [t.values[n] for n in value_names] for t in trials]))
+    return trials

@@ -1,0 +1,160 @@
+"""What a finished sweep hands back: one :class:`TrialSummary` per trial, the best trial by
+the one rule of :func:`best_trial`, the printed summary and ``haepo_summary.json``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ray.tune import Callback
+
+from haepo_ray import names
+from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.tables import format_table
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def best_trial(scored: Iterable[tuple[T, float]], mode: str) -> T | None:
+    """The item with the highest (``mode="max"``) or lowest value: the sweep's best trial by
+    the *last* reported value of its metric (Tune's ``scope="last"``). None when empty."""
+    scored = list(scored)
+    if not scored:
+        return None
+    return (max if mode == "max" else min)(scored, key=lambda item: item[1])[0]
+
+
+def metric_value(result: dict[str, Any] | None, metric: str) -> float | None:
+    """``metric`` ("/"-nested) of a result as a float; None when absent, NaN or not a number."""
+    node: Any = result or {}
+    if metric in node:  # a flat key
+        node = node[metric]
+    else:
+        for part in metric.split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, bool) or not isinstance(node, (int, float)) or math.isnan(node):
+        return None
+    return float(node)
+
+
+@dataclass
+class TrialSummary:
+    trial_id: str
+    name: str
+    status: str
+    iterations: int
+    value: float | None
+    values: dict[str, Any]
+    run_id: str | None
+    num_failures: int = 0
+    error: str | None = None
+
+
+@dataclass
+class SweepResult:
+    run_dir: str
+    experiment: str
+    tracking_uri: str | None
+    parent_run_id: str | None
+    metric: str
+    mode: str
+    trials: list[TrialSummary] = field(default_factory=list)
+    not_logged: list = field(default_factory=list)
+    result_grid: Any = None
+
+    @property
+    def best(self) -> TrialSummary | None:
+        return best_trial(((t, t.value) for t in self.trials if t.value is not None), self.mode)
+
+    def ranked(self) -> list[TrialSummary]:
+        scored = [t for t in self.trials if t.value is not None]
+        rest = [t for t in self.trials if t.value is None]
+        return sorted(scored, key=lambda t: t.value, reverse=self.mode == "max") + rest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir, "experiment": self.experiment, "tracking_uri": self.tracking_uri,
+            "parent_run_id": self.parent_run_id, "metric": self.metric, "mode": self.mode,
+            "best_trial_id": self.best.trial_id if self.best else None,
+            "trials": [t.__dict__ for t in self.ranked()],
+        }
+
+
+class TrialRecorder(Callback):
+    """A Tune callback that keeps Tune's trials as the experiment ends (status, last result,
+    failures, error file): what the summary needs and ``ResultGrid`` does not expose."""
+
+    def __init__(self) -> None:
+        self.trials: list = []
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.trials = list(trials)
+
+
+def _error_line(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        lines = Path(path).read_text(errors="replace").strip().splitlines()
+        return (lines[-1] if lines else "error")[:300]
+    return "error"
+
+
+def summarize(plan: SweepPlan, trials: list, grid, callback, run_dir: str, experiment: str) -> SweepResult:
+    """One :class:`TrialSummary` per Tune trial (in creation order)."""
+    spec = plan.spec
+    result = SweepResult(
+        run_dir=run_dir, experiment=experiment,
+        tracking_uri=callback.tracking_uri if callback else None,
+        parent_run_id=callback.parent_run_id if callback else None,
+        metric=spec.metric, mode=spec.mode, result_grid=grid,
+        not_logged=list(callback.not_logged) if callback else [],
+    )
+    for trial in trials:
+        last = trial.last_result or {}
+        result.trials.append(TrialSummary(
+            trial_id=trial.trial_id,
+            name=str(trial),
+            status=trial.status,
+            iterations=int(last.get(names.TRAINING_ITERATION, 0) or 0),
+            value=metric_value(last, spec.metric),
+            values=plan.search_values(trial.config or {}),
+            run_id=callback.run_id_of(trial.trial_id) if callback else None,
+            num_failures=int(getattr(trial, "num_failures", 0) or 0),
+            error=_error_line(trial) if trial.status == "ERROR" else None,
+        ))
+    return result
+
+
+def format_summary(result: SweepResult, top: int = 10) -> str:
+    lines = [f"sweep finished: {len(result.trials)} trials, results in {result.run_dir}"]
+    if result.parent_run_id:
+        lines.append(f"MLflow: {result.tracking_uri}  experiment {result.experiment!r}  "
+                     f"parent run {result.parent_run_id}")
+    ranked = result.ranked()[:top]
+    value_names = sorted({k for t in ranked for k in t.values})
+    rows = [[i + 1, t.trial_id, t.status, t.iterations, t.value if t.value is not None else "-"]
+            + [t.values.get(n) for n in value_names] + [t.run_id or "-"] for i, t in enumerate(ranked)]
+    lines.append(f"best trials by {result.metric} ({result.mode}, last reported value):")
+    lines.append(format_table(["rank", "trial", "status", "iter", result.metric] + value_names
+                              + ["mlflow run"], rows))
+    for t in result.trials:
+        if t.error:
+            lines.append(f"trial {t.trial_id} failed: {t.error}")
+    return "\n".join(lines)
+
+
+def write_summary(run_dir: str, result: SweepResult) -> None:
+    """``haepo_summary.json`` in a local sweep folder."""
+    if "://" in run_dir:
+        return
+    try:
+        (Path(run_dir) / "haepo_summary.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    except OSError as err:  # pragma: no cover
+        logger.warning("cannot write the sweep summary: %s", err)

@@ -1,0 +1,272 @@
+"""Running a sweep: Ray start-up, the sweep's folder, MLflow tracking, Tune's run or resume.
+
+Where things go (``<root>`` = ``--storage-path``, else the spec's ``storage_path``, else
+``<cwd>/.haepo/ray_results``):
+
+- each run of a spec is a Tune experiment in ``<root>/<experiment>/<YYYYmmdd-HHMMSS>``
+  (``<experiment>`` = ``--experiment``, else the spec's ``name``); ``--resume`` continues the
+  newest one that Tune can restore;
+- MLflow: experiment ``<experiment>``, one parent run per sweep run, one child per trial
+  (:mod:`haepo_ray.tracking`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from haepo_ray.sweep import results, tune_setup
+from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.sweep.spec import SweepSpec
+
+DEFAULT_STORAGE = Path(".haepo") / "ray_results"
+RUN_INFO_FILE = "haepo_sweep.json"
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot start or resume (bad path, nothing to resume, ...)."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path: str | None = None) -> str:
+    root = storage_path or spec.storage_path or str(Path.cwd() / DEFAULT_STORAGE)
+    if "://" not in root:
+        root = str(Path(root).expanduser().resolve())
+    return f"{root.rstrip('/')}/{experiment or spec.experiment}"
+
+
+def new_run_name() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def latest_run_dir(root: str) -> str | None:
+    """The newest sweep run under ``root`` that Tune can restore."""
+    from ray import tune
+
+    if "://" in root:
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(root)
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+        scheme = root.split("://", 1)[0]
+        names = sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory), reverse=True)
+        candidates = [f"{scheme}://{path.rstrip('/')}/{n}" for n in names]
+    else:
+        base = Path(root)
+        names = sorted((p.name for p in base.iterdir() if p.is_dir()), reverse=True) if base.is_dir() else []
+        candidates = [str(base / n) for n in names]
+    for path in candidates:
+        if tune.Tuner.can_restore(path):
+            return path
+    return None
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+def init_ray(spec: SweepSpec, address: str | None) -> bool:
+    """Connects to ``address``, or starts an embedded local Ray. True if we started/joined it
+    here (and so shut it down at the end); False if Ray was already initialised."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address and address.startswith("ray://"):
+        raise SweepError(
+            f"--address {address}: Ray Client addresses are not supported (the sweep's driver, "
+            "which logs to MLflow, must run inside the cluster); submit it as a job instead: "
+            "ray job submit --address http://HEAD:8265 -- haepo sweep SPEC --address auto")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=spec.ray.num_cpus, num_gpus=spec.ray.num_gpus,
+                 include_dashboard=False, log_to_driver=False)
+    return True
+
+
+# --------------------------------------------------------------------------- tracking
+
+
+def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_name: str,
+                  sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
+                  **kwargs):
+    """The sweep's MLflow callback: one parent run, one child per trial."""
+    from haepo_ray import names, tracking
+
+    spec = plan.spec
+    params = {
+        "algorithm": spec.algorithm,
+        "env": spec.env,
+        "env_config": spec.env_config,
+        "metric": spec.metric,
+        "mode": spec.mode,
+        "search_algorithm": spec.search.algorithm,
+        "num_samples": spec.search.num_samples,
+        "scheduler": spec.scheduler.type,
+        "stop": spec.stop_dict(),
+        "search_space": {k: d.describe() for k, d in spec.search_space.items()},
+        "settings": spec.settings,
+        "max_failures": spec.max_failures,
+        "max_concurrent_trials": spec.max_concurrent_trials,
+        "checkpoint_frequency": spec.checkpoint_frequency,
+    }
+    return tracking.MLflowSweepCallback(
+        tracking_uri,
+        experiment,
+        sweep_name,
+        sweep_dir=sweep_dir,
+        resume=resume,
+        parent_params=params,
+        parent_tags={
+            names.ALGORITHM: spec.algorithm,
+            names.ENV: spec.env,
+            names.SPEC: spec.source or "",
+            names.RAY_ADDRESS: address or "embedded",
+        },
+        spec_yaml=spec.resolved_yaml(),
+        spec_source=spec_text,
+        trial_tags={names.ALGORITHM: spec.algorithm, names.ENV: spec.env},
+        metric=spec.metric,
+        mode=spec.mode,
+        metrics=spec.tracking.metrics,
+        config_metrics=list(plan.mutations),
+        log_checkpoints=spec.tracking.log_checkpoints,
+        artifact_location=tracking.artifact_location_for(tracking_uri),
+        **kwargs,
+    )
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _new_run_dir(root: str) -> tuple[str, str]:
+    """(name, folder) of a new run of the experiment under ``root``."""
+    name = new_run_name()
+    while os.path.exists(f"{root}/{name}"):  # two sweeps in one second
+        time.sleep(1.0)
+        name = new_run_name()
+    return name, f"{root}/{name}"
+
+
+def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: list):
+    """The Tuner of an earlier run, with this run's callbacks. tuner.pkl holds the first
+    run's callbacks (unstarted copies) and Ray 2.60 has no public way to replace them."""
+    from ray import tune
+
+    tuner = tune.Tuner.restore(run_dir, trainable=trainable, param_space=param_space,
+                               resume_errored=True)
+    tuner._local_tuner.get_run_config().callbacks = callbacks
+    return tuner
+
+
+def _fit(tuner):
+    """``tuner.fit()`` with Tune's classic output: its newer output prints every trial's
+    whole config (hundreds of RLlib keys) at start; the classic reporter shows the table of
+    :func:`~haepo_ray.sweep.tune_setup.progress_reporter` instead."""
+    saved = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        return tuner.fit()
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = saved
+
+
+def run_sweep(
+    plan: SweepPlan,
+    *,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    resume: bool = False,
+    storage_path: str | None = None,
+    track: bool = True,
+    verbose: int = 1,
+    out: TextIO = sys.stdout,
+    spec_text: str | None = None,
+    callback_kwargs: dict[str, Any] | None = None,
+    extra_callbacks: list | None = None,
+) -> results.SweepResult:
+    """Runs (or with ``resume`` continues) the sweep; returns its summary.
+
+    ``callback_kwargs`` go to :class:`haepo_ray.tracking.MLflowSweepCallback` (retries,
+    backoff_s, ...); ``extra_callbacks`` are more Tune callbacks."""
+    import ray
+    from ray import tune
+
+    from haepo_ray import tracking
+    from haepo_ray.envs import register_with_ray
+
+    spec = plan.spec
+    experiment = experiment or spec.experiment
+    root = experiment_root(spec, experiment, storage_path)
+    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+
+    started_ray = init_ray(spec, address)
+    callback = None
+    try:
+        register_with_ray()  # so PPO (and any algorithm) trials can make the haepo envs
+        if resume:
+            run_dir = latest_run_dir(root)
+            if run_dir is None:
+                raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
+                                 "can restore (run it without --resume)")
+            name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+        else:
+            name, run_dir = _new_run_dir(root)
+
+        uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
+        if track:
+            p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
+            callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
+                                     sweep_name=f"{experiment}-{name}", sweep_dir=run_dir,
+                                     resume=resume, spec_text=spec_text, address=address,
+                                     **(callback_kwargs or {}))
+            if callback.start():
+                p(f"MLflow parent run: {callback.parent_run_id}")
+        recorder = results.TrialRecorder()
+        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder]
+        p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
+
+        if resume:
+            tuner = _restored_tuner(run_dir, plan.trainable(), plan.param_space, callbacks)
+        else:
+            tuner = tune.Tuner(
+                plan.trainable(),
+                param_space=plan.param_space,
+                tune_config=tune_setup.tune_config(plan),
+                run_config=tune_setup.run_config(plan, storage_path=root, name=name,
+                                                 callbacks=callbacks, verbose=verbose),
+            )
+            _write_run_info(run_dir, spec, experiment, uri, callback)
+        try:
+            grid = _fit(tuner)
+        finally:
+            if callback is not None:
+                callback.close(status="KILLED")  # no-op when Tune ended the experiment itself
+        result = results.summarize(plan, recorder.trials, grid, callback, run_dir, experiment)
+        p(results.format_summary(result))  # (what MLflow missed was logged as a warning, to stderr)
+        results.write_summary(run_dir, result)
+        return result
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _write_run_info(run_dir: str, spec: SweepSpec, experiment: str, uri: str | None, callback) -> None:
+    if "://" in run_dir:
+        return
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    info = {"spec": spec.source, "experiment": experiment, "tracking_uri": uri,
+            "parent_run_id": callback.parent_run_id if callback else None}
+    (path / RUN_INFO_FILE).write_text(json.dumps(info, indent=2))
+    (path / "spec.yaml").write_text(spec.resolved_yaml())
