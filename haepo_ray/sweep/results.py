@@ -65,6 +65,7 @@ class SweepResult:
     parent_run_id: str | None
     metric: str
     mode: str
+    experiment_id: str | None = None
     trials: list[TrialSummary] = field(default_factory=list)
     not_logged: list = field(default_factory=list)
     result_grid: Any = None
@@ -113,6 +114,7 @@ def summarize(plan: SweepPlan, trials: list, grid, callback, run_dir: str, exper
         run_dir=run_dir, experiment=experiment,
         tracking_uri=callback.tracking_uri if callback else None,
         parent_run_id=callback.parent_run_id if callback else None,
+        experiment_id=callback.experiment_id if callback else None,
         metric=spec.metric, mode=spec.mode, result_grid=grid,
         not_logged=list(callback.not_logged) if callback else [],
     )
@@ -147,7 +149,22 @@ def format_summary(result: SweepResult, top: int = 10) -> str:
     for t in result.trials:
         if t.error:
             lines.append(f"trial {t.trial_id} failed: {t.error}")
+    if result.parent_run_id:
+        lines.append(next_steps(result))
     return "\n".join(lines)
+
+
+def next_steps(result: SweepResult) -> str:
+    """How to look at the sweep: the MLflow UI with the direct link to the experiment's runs
+    (MLflow 3 opens an experiment in its GenAI view, which shows "No data" for training runs;
+    the link opens the runs table), and the report."""
+    uri = result.tracking_uri or ""
+    runs = f"/#/experiments/{result.experiment_id}/runs"
+    if uri.startswith(("http://", "https://")):
+        view = f"open {uri.rstrip('/')}{runs}"
+    else:
+        view = f"mlflow ui --backend-store-uri {uri}, then open http://127.0.0.1:5000{runs}"
+    return f"next: {view}\n      haepo report --experiment {result.experiment} --tracking-uri {uri}"
 
 
 def write_summary(run_dir: str, result: SweepResult) -> None:
