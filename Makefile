@@ -5,6 +5,9 @@ VENV ?= .venv
 CONSTRAINTS ?= -c constraints-cpu.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: most test time waits on processes (Ray, MLflow servers, trials).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 .PHONY: help setup browser demo test test-all bench clean
 
@@ -32,10 +35,10 @@ demo: setup
 	$(VENV)/bin/haepo sweep tune_configs/smoke.yaml
 
 test: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 test-all: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .haepo .pytest_cache

@@ -1,4 +1,4 @@
-"""Shared fixtures: one real local Ray per test session."""
+"""Shared fixtures: one real local Ray per test session (per pytest-xdist worker)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,21 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def ray_temp_dir() -> str:
+    """This worker's Ray folder. Under pytest-xdist two workers run two local Rays at once:
+    each gets its own folder (session links, metrics service-discovery file), short enough
+    for Ray's unix sockets."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return f"/tmp/ray-haepo-{os.getuid()}-{worker}"
+
+
 @pytest.fixture(scope="session")
 def ray_session():
-    """A real local Ray instance with 2 CPUs, shared by every test that asks for it."""
+    """A real local Ray instance with 2 CPUs, shared by every test (of this worker) that asks."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp_dir())
     from haepo_ray.envs import register_with_ray
 
     register_with_ray()
