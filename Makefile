@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
-.PHONY: help setup browser demo test test-all bench clean
+.PHONY: help setup browser prometheus demo test test-all bench clean
 
 help:
 	@echo "make demo      set up, then run the smoke sweep on embedded defaults (local Ray, MLflow in .haepo/)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-all  the test suite including tests marked slow"
 	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
 	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
+	@echo "make prometheus  install Prometheus (Debian package; root) for the dashboard's test"
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,15 @@ setup: $(VENV)/.installed
 browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+# The dashboard's test runs Debian's Prometheus as its own process on a free port (skipped
+# without it, except in CI). No recommends: prometheus-node-exporter and its collectors are
+# further services the test doesn't use. Where the package's service started (a host whose
+# policy-rc.d allows it), it is stopped again.
+prometheus:
+	command -v prometheus >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+	    && /etc/init.d/prometheus stop >/dev/null; }
 
 demo: setup
 	$(VENV)/bin/haepo sweep tune_configs/smoke.yaml
