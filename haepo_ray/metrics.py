@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-# gauge name -> (description, path in an RLlib training result)
-GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "haepo_episode_return_mean": ("Mean return of the last 100 episodes", ("env_runners", "episode_return_mean")),
-    "haepo_weight_entropy": ("Entropy H(w) of the Plackett-Luce weights", ("learners", "default_policy", "weight_entropy")),
-    "haepo_kl_to_reference": ("KL(w || w_ref) to the reference policy", ("learners", "default_policy", "kl_to_reference")),
-    "haepo_effective_num_trajectories": ("1 / sum_k w_k^2", ("learners", "default_policy", "effective_num_trajectories")),
-    "haepo_max_weight": ("Largest Plackett-Luce weight", ("learners", "default_policy", "max_weight")),
-    "haepo_policy_entropy": ("Mean entropy of the action distribution", ("learners", "default_policy", "policy_entropy")),
-    "haepo_env_steps_sampled": ("Env steps sampled so far", ("env_runners", "num_env_steps_sampled_lifetime")),
+from haepo_ray import names
+
+# gauge name -> (description, result key in haepo_ray.names, "/"-nested)
+GAUGES: dict[str, tuple[str, str]] = {
+    "haepo_episode_return_mean": ("Mean return of the last 100 episodes", names.EPISODE_RETURN_MEAN),
+    "haepo_weight_entropy": ("Entropy H(w) of the Plackett-Luce weights", names.WEIGHT_ENTROPY),
+    "haepo_kl_to_reference": ("KL(w || w_ref) to the reference policy", names.KL_TO_REFERENCE),
+    "haepo_effective_num_trajectories": ("1 / sum_k w_k^2", names.EFFECTIVE_NUM_TRAJECTORIES),
+    "haepo_max_weight": ("Largest Plackett-Luce weight", names.MAX_WEIGHT),
+    "haepo_policy_entropy": ("Mean entropy of the action distribution", names.POLICY_ENTROPY),
+    "haepo_env_steps_sampled": ("Env steps sampled so far", names.ENV_STEPS),
 }
 TAG_KEYS = ("algorithm", "trial_id", "env")
 
@@ -33,9 +35,9 @@ class MetricsExporter:
         }
 
     def export(self, result: dict[str, Any], tags: dict[str, str]) -> None:
-        for name, (_, path) in GAUGES.items():
+        for name, (_, key_path) in GAUGES.items():
             value: Any = result
-            for key in path:
+            for key in key_path.split("/"):
                 value = value.get(key) if isinstance(value, dict) else None
             if value is not None:
                 self._gauges[name].set(float(value), tags=tags)

@@ -23,7 +23,13 @@ SUCCESS_RATE = "env_runners/success_rate"
 # Learner metrics of the default module; HAEPO and the baselines log the policy entropy as
 # policy_entropy, RLlib's PPO as entropy.
 LEARNER = "learners/default_policy"
-POLICY_ENTROPY_KEYS = (f"{LEARNER}/policy_entropy", f"{LEARNER}/entropy")
+POLICY_ENTROPY = f"{LEARNER}/policy_entropy"
+POLICY_ENTROPY_KEYS = (POLICY_ENTROPY, f"{LEARNER}/entropy")
+# HAEPO's learner diagnostics (haepo_ray.learner).
+WEIGHT_ENTROPY = f"{LEARNER}/weight_entropy"
+KL_TO_REFERENCE = f"{LEARNER}/kl_to_reference"
+EFFECTIVE_NUM_TRAJECTORIES = f"{LEARNER}/effective_num_trajectories"
+MAX_WEIGHT = f"{LEARNER}/max_weight"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).
 CARRIED_OVER = "haepo_carried_over"
 
