@@ -40,8 +40,6 @@ class SweepPlan:
                                         resources=(spec.resources.cpus, spec.resources.gpus))
         except UnknownAlgorithm as err:
             raise SpecError(f"{source}: algorithm: {err}") from None
-        except ValueError as err:  # the settings are checked below, with better messages
-            raise SpecError(f"{source}: {err}") from None
         _check_env(spec, source)
         _check_setting_names(spec, base, source)
         try:
