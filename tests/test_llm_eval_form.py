@@ -213,6 +213,10 @@ def test_bad_inputs_of_the_form_and_key(files, tmp_path):
         ["eval-form", "--generations", *map(str, files), str(fewer), "--out", out, "--posts", "2"])
     assert "--posts must be at least 1" in error(
         ["eval-form", "--generations", str(files[0]), "--out", out, "--posts", "0"])
+    other = _write_run(tmp_path / "other" / GENERATIONS, 0, "DPO", "m", 0,
+                       {k: ("another post", ref) for k, (_, ref) in PROMPTS.items()})
+    assert "has a different source or reference in runs" in error(
+        ["eval-form", "--generations", str(files[0]), str(other), "--out", out])
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(files[0].read_text() + files[1].read_text())
     assert f"run {mixed} mixes runs" in error(["eval-form", "--generations", str(mixed), "--out", out])
