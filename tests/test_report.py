@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from chromium import headless_chromium
 
 from haepo_ray import cli
 from haepo_ray.report import build_report
@@ -155,33 +155,12 @@ def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
     assert not (tmp_path / "missing.db").exists()
 
 
-def _chromium() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not (browser and driver):
-        message = "headless Chromium needs the Debian packages chromium and chromium-driver"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (.ci/run installs them)")
-        pytest.skip(message)
-    return browser, driver
-
-
 def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    browser, driver_path = _chromium()
     uri, _ = store
     report = build_report(uri, ["report-bandit"], tmp_path)
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,2400"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
+    with headless_chromium() as driver:
         driver.get(report.index.as_uri())
         images = driver.find_elements(By.TAG_NAME, "img")
         shown = [driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img)
@@ -190,8 +169,6 @@ def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(ARTIFACTS / "report.png"))
         rows = driver.find_elements(By.CSS_SELECTOR, "table.results tbody tr")
-    finally:
-        driver.quit()
     assert not errors, errors
     assert len(images) == len(report.figures) == 5
     assert all(width and width > 100 for width in shown), shown

@@ -1,0 +1,225 @@
+"""The blinded human-evaluation form (paper, appendix "Human Evaluation Form").
+
+Input: the generations that ``haepo llm train --out DIR`` writes to ``DIR/generations.jsonl``,
+one JSON object per completion ``{"update", "prompt_id", "source", "reference", "completion",
+"reward", "algorithm", "model", "seed"}``, from files or from the trial runs of an MLflow
+experiment (artifact ``generations.jsonl``). Output, in one folder:
+
+- ``form.html`` (:mod:`haepo_ray.llm.eval_page`): one page per post, its summaries by slot
+  number only; nothing in it names an algorithm, model, run or seed.
+- ``key.csv``: one row per post x slot, :data:`KEY_COLUMNS`; ``rouge_l`` is the summary's
+  ROUGE-L F1 against the author's TL;DR, which decides the alignment rate
+  (:mod:`haepo_ray.llm.eval_score`). Keep it away from the raters.
+
+Selection, all from one ``random.Random(seed)`` so a seed gives one form: per (algorithm,
+model) one run (a random one of its seeds); per run and prompt the completion of its last
+update; ``posts`` random prompts that every chosen run has; per post the slots shuffled.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import random
+import re
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from haepo_ray.names import PARENT_RUN, ROLE
+
+GENERATIONS = "generations.jsonl"
+KEY_COLUMNS = ("form_id", "post", "slot", "prompt_id", "algorithm", "model", "run_id", "seed",
+               "update", "rouge_l")
+# Keys of a generations.jsonl object and their JSON types (bool is no int here).
+FIELDS = {"update": int, "prompt_id": str, "source": str, "reference": str, "completion": str,
+          "reward": (int, float), "algorithm": str, "model": str, "seed": int}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion of one run (``run_id``: the MLflow run, or the file it was read from)."""
+
+    run_id: str
+    update: int
+    prompt_id: str
+    source: str
+    reference: str
+    completion: str
+    algorithm: str
+    model: str
+    seed: int
+
+    @property
+    def system(self) -> tuple[str, str]:
+        return self.algorithm, self.model
+
+
+@dataclass(frozen=True)
+class Post:
+    """A page of the form: the post and its summaries in slot order (slot = index + 1)."""
+
+    prompt_id: str
+    source: str
+    reference: str
+    slots: tuple[Generation, ...]
+
+
+def read_generations(path: str | Path, run_id: str | None = None) -> list[Generation]:
+    """The records of one ``generations.jsonl`` (of MLflow run ``run_id``, else of the run
+    named by its path); ``ValueError`` naming file or run, line and key."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise ValueError(f"cannot read generations file {path}: {err.strerror or err}") from None
+    name = f"{GENERATIONS} of run {run_id}" if run_id else str(path)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name} line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        for key, kind in FIELDS.items():
+            if key not in obj:
+                raise ValueError(f"{where}: key {key!r} is missing (a record has {sorted(FIELDS)})")
+            if isinstance(obj[key], bool) or not isinstance(obj[key], kind):
+                raise ValueError(f"{where}: {key!r} must be {_kind_name(kind)}, got {obj[key]!r}")
+        records.append(Generation(run_id=run_id or str(path), **{
+            k: obj[k] for k in FIELDS if k != "reward"}))
+    return records
+
+
+def _kind_name(kind) -> str:
+    return "a number" if isinstance(kind, tuple) else {int: "an integer", str: "a string"}[kind]
+
+
+def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generation]:
+    """The records of every trial run (tag ``haepo.role`` = ``trial``, a sweep's child) of
+    ``experiment`` that has a ``generations.jsonl`` artifact, each with its run id.
+
+    ``LookupError`` when the store, the experiment or any generations are missing."""
+    from mlflow.tracking import MlflowClient
+
+    from haepo_ray.tracking import search_all_runs
+
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
+        raise LookupError(f"no MLflow store at {tracking_uri} (run a sweep first, or give --tracking-uri)")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        known = sorted(e.name for e in client.search_experiments())
+        raise LookupError(f"no MLflow experiment {experiment!r} at {tracking_uri}; there are: {known}")
+    runs = [r for r in search_all_runs(client, exp.experiment_id, f"tags.`{ROLE}` = 'trial'")
+            if PARENT_RUN in r.data.tags]
+    records: list[Generation] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in runs:
+            run_id = run.info.run_id
+            if GENERATIONS in {a.path for a in client.list_artifacts(run_id)}:
+                records += read_generations(client.download_artifacts(run_id, GENERATIONS, tmp), run_id)
+    if not records:
+        raise LookupError(f"MLflow experiment {experiment!r} at {tracking_uri} has no generations: "
+                          f"none of its {len(runs)} trial runs has a {GENERATIONS} artifact "
+                          f"with records (run LLM specs with `haepo sweep`)")
+    return records
+
+
+def pick_posts(records: Iterable[Generation], posts: int, seed: int) -> list[Post]:
+    """``posts`` pages, each with one summary per (algorithm, model) in shuffled slots."""
+    if posts < 1:
+        raise ValueError(f"--posts must be at least 1, got {posts}")
+    rng = random.Random(seed)
+    latest = _latest_per_run(records)
+    if not latest:
+        raise LookupError("no generations to build a form from")
+    by_system: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for run_id, completions in sorted(latest.items()):
+        by_system[next(iter(completions.values())).system].append(run_id)
+    chosen = [rng.choice(by_system[system]) for system in sorted(by_system)]
+    common = set.intersection(*(set(latest[run_id]) for run_id in chosen))
+    if len(common) < posts:
+        systems = ", ".join(f"{a} on {m}" for a, m in sorted(by_system))
+        raise LookupError(f"only {len(common)} prompts have a completion from every algorithm and "
+                          f"model ({systems}); ask for --posts {len(common)} or fewer")
+    pages = []
+    for prompt_id in rng.sample(sorted(common), posts):
+        slots = [latest[run_id][prompt_id] for run_id in chosen]
+        for other in slots[1:]:
+            if (other.source, other.reference) != (slots[0].source, slots[0].reference):
+                raise ValueError(f"prompt {prompt_id!r} has a different source or reference in runs "
+                                 f"{slots[0].run_id} and {other.run_id} (generations of different data sets?)")
+        rng.shuffle(slots)
+        pages.append(Post(prompt_id, slots[0].source, slots[0].reference, tuple(slots)))
+    return pages
+
+
+def _latest_per_run(records: Iterable[Generation]) -> dict[str, dict[str, Generation]]:
+    """run id -> prompt id -> the completion of the last update that has that prompt."""
+    latest: dict[str, dict[str, Generation]] = defaultdict(dict)
+    for rec in records:
+        runs = latest[rec.run_id]
+        first = next(iter(runs.values()), rec)
+        if (first.algorithm, first.model, first.seed) != (rec.algorithm, rec.model, rec.seed):
+            raise ValueError(f"run {rec.run_id} mixes runs: {first.algorithm}/{first.model}/seed "
+                             f"{first.seed} and {rec.algorithm}/{rec.model}/seed {rec.seed}")
+        old = runs.get(rec.prompt_id)
+        if old is not None and old.update == rec.update:
+            raise ValueError(f"run {rec.run_id} has two completions of prompt {rec.prompt_id!r} "
+                             f"at update {rec.update}")
+        if old is None or rec.update > old.update:
+            runs[rec.prompt_id] = rec
+    return latest
+
+
+def rouge_l(prediction: str, reference: str) -> float:
+    """ROUGE-L F1 (Lin 2004): longest common subsequence of lower-cased alphanumeric words."""
+    pred, ref = _words(prediction), _words(reference)
+    if not pred or not ref:
+        return 0.0
+    row = [0] * (len(ref) + 1)
+    for word in pred:
+        prev = 0
+        for j, other in enumerate(ref, 1):
+            prev, row[j] = row[j], prev + 1 if word == other else max(row[j], row[j - 1])
+    lcs = row[-1]
+    return 0.0 if lcs == 0 else 2 * lcs / (len(pred) + len(ref))
+
+
+def _words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+
+
+def key_rows(pages: Sequence[Post]) -> list[dict[str, str]]:
+    """The rows of ``key.csv`` (all values as written), ``form_id`` a hash of the rest: the
+    form carries it so that answers are never scored against another form's key."""
+    rows = [{"post": str(p), "slot": str(s), "prompt_id": g.prompt_id, "algorithm": g.algorithm,
+             "model": g.model, "run_id": g.run_id, "seed": str(g.seed), "update": str(g.update),
+             "rouge_l": f"{rouge_l(g.completion, page.reference):.6f}"}
+            for p, page in enumerate(pages, 1) for s, g in enumerate(page.slots, 1)]
+    form_id = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+    return [{"form_id": form_id, **row} for row in rows]
+
+
+def write_form(pages: Sequence[Post], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``form.html`` and ``key.csv`` into ``out_dir``; return their paths."""
+    from haepo_ray.llm.eval_page import render_form
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = key_rows(pages)
+    form, key = out / "form.html", out / "key.csv"
+    form.write_text(render_form(pages, rows[0]["form_id"]), encoding="utf-8")
+    with key.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, KEY_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return form, key
