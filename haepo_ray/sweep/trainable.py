@@ -14,7 +14,7 @@ than an episode: before the first episode the key is absent, and Tune ends the *
 on a result without its metric; later it is NaN, which schedulers cannot rank. So a missing
 or NaN metric carries its last value forward (NaN before the first), as RLlib's old API stack
 did with its smoothing window; the result names it under
-:data:`~haepo_ray.tracking.CARRIED_OVER_KEY`, and MLflow tracking does not log carried values.
+:data:`~haepo_ray.names.CARRIED_OVER`, and MLflow tracking does not log carried values.
 
 Checkpoints are the algorithm's own (``Algorithm.from_checkpoint`` loads them).
 """
@@ -28,7 +28,7 @@ from typing import Any
 from ray import tune
 from ray.tune.result import RESULT_DUPLICATE
 
-from haepo_ray.tracking import CARRIED_OVER_KEY
+from haepo_ray.names import CARRIED_OVER
 
 
 class SweepTrainable(tune.Trainable):
@@ -69,7 +69,7 @@ class SweepTrainable(tune.Trainable):
             self._last_metric = value
         else:
             node[leaf] = self._last_metric
-            result[CARRIED_OVER_KEY] = [self.metric]
+            result[CARRIED_OVER] = [self.metric]
         return result
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -191,10 +190,21 @@ def run_config(spec: SweepSpec, *, storage_path: str, name: str, callbacks: list
     )
 
 
+def search_value_keys(spec: SweepSpec) -> dict[str, str]:
+    """Spec search-space name (and, under PBT, each mutated config key) -> key in the trial
+    config: the names of a trial's search values in its summary and in MLflow."""
+    keys = spec_mod.search_keys(spec)
+    if isinstance(spec.scheduler, PBTScheduler):
+        keys.update({k: k for k in spec_mod.mutation_space(spec)})
+    return keys
+
+
 def make_callback(spec: SweepSpec, *, tracking_uri: str, experiment: str, sweep_name: str,
                   sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
-                  **kwargs):
-    from haepo_ray import tracking
+                  **retry):
+    """The MLflow callback of a sweep; ``retry``: ``retries``, ``backoff_s``, ``timeout_s``
+    (see :class:`haepo_ray.tracking.RetryPolicy`)."""
+    from haepo_ray import names, tracking
 
     params = {
         "algorithm": spec.algorithm,
@@ -213,30 +223,31 @@ def make_callback(spec: SweepSpec, *, tracking_uri: str, experiment: str, sweep_
         "checkpoint_frequency": spec.checkpoint_frequency,
     }
     config_metrics = list(spec_mod.mutation_space(spec)) if isinstance(spec.scheduler, PBTScheduler) else []
-    return tracking.MLflowSweepCallback(
-        tracking_uri,
-        experiment,
-        sweep_name,
+    settings = tracking.SweepTracking(
+        tracking_uri=tracking_uri,
+        experiment_name=experiment,
+        sweep_name=sweep_name,
         sweep_dir=sweep_dir,
         resume=resume,
+        artifact_location=tracking.artifact_location_for(tracking_uri),
         parent_params=params,
         parent_tags={
-            "haepo.algorithm": spec.algorithm,
-            "haepo.env": spec.env,
-            "haepo.spec": spec.source or "",
-            "haepo.ray_address": address or "embedded",
+            names.ALGORITHM: spec.algorithm,
+            names.ENV: spec.env,
+            names.SPEC: spec.source or "",
+            names.RAY_ADDRESS: address or "embedded",
         },
         spec_yaml=spec.resolved_yaml(),
         spec_source=spec_text,
-        trial_tags={"haepo.algorithm": spec.algorithm, "haepo.env": spec.env},
+        trial_tags={names.ALGORITHM: spec.algorithm, names.ENV: spec.env},
+        search_keys=search_value_keys(spec),
         metric=spec.metric,
         mode=spec.mode,
         metrics=spec.tracking.metrics,
         config_metrics=config_metrics,
         log_checkpoints=spec.tracking.log_checkpoints,
-        artifact_location=tracking.artifact_location_for(tracking_uri),
-        **kwargs,
     )
+    return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry))
 
 
 # --------------------------------------------------------------------------- Ray
@@ -394,15 +405,15 @@ class SweepResult:
 
     @property
     def best(self) -> TrialSummary | None:
-        scored = [t for t in self.trials if t.value is not None]
-        if not scored:
-            return None
-        return (max if self.mode == "max" else min)(scored, key=lambda t: t.value)
+        from haepo_ray.tracking import best
+
+        return best(self.trials, lambda t: t.value, self.mode)
 
     def ranked(self) -> list[TrialSummary]:
-        scored = [t for t in self.trials if t.value is not None]
-        rest = [t for t in self.trials if t.value is None]
-        return sorted(scored, key=lambda t: t.value, reverse=self.mode == "max") + rest
+        """Best first (the rule MLflow's parent run records), then trials without a value."""
+        from haepo_ray.tracking import rank
+
+        return rank(self.trials, lambda t: t.value, self.mode)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -413,15 +424,8 @@ class SweepResult:
         }
 
 
-def _search_values(spec: SweepSpec, config: dict[str, Any]) -> dict[str, Any]:
-    keys = spec_mod.search_keys(spec)
-    if isinstance(spec.scheduler, PBTScheduler):
-        keys.update({k: k for k in spec_mod.mutation_space(spec)})
-    return {name: config.get(key) for name, key in keys.items()}
-
-
 def summarize(spec: SweepSpec, grid, callback, run_dir: str, experiment: str) -> SweepResult:
-    from haepo_ray.tracking import flatten
+    from haepo_ray.tracking import metric_value
 
     result = SweepResult(
         run_dir=run_dir, experiment=experiment,
@@ -430,11 +434,10 @@ def summarize(spec: SweepSpec, grid, callback, run_dir: str, experiment: str) ->
         metric=spec.metric, mode=spec.mode, result_grid=grid,
         not_logged=list(callback.not_logged) if callback else [],
     )
+    keys = search_value_keys(spec)
     for trial in grid._experiment_analysis.trials:  # Tune's Trial objects, in creation order
         last = trial.last_result or {}
-        value = flatten(last).get(spec.metric)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            value = None
+        config = trial.config or {}
         error = None
         if trial.status == "ERROR":
             error = "error"
@@ -447,8 +450,8 @@ def summarize(spec: SweepSpec, grid, callback, run_dir: str, experiment: str) ->
             name=str(trial),
             status=trial.status,
             iterations=int(last.get("training_iteration", 0) or 0),
-            value=float(value) if value is not None else None,
-            values=_search_values(spec, trial.config or {}),
+            value=metric_value(last, spec.metric),
+            values={name: config.get(key) for name, key in keys.items()},
             run_id=callback.run_id_of(trial.trial_id) if callback else None,
             num_failures=int(getattr(trial, "num_failures", 0) or 0),
             error=error,
