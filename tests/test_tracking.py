@@ -107,6 +107,39 @@ def test_callback_pickles_as_its_settings(tmp_path):
     assert copy.parent_run_id is None and copy.run_id_of("any") is None
 
 
+def test_a_retried_create_finds_the_run_whose_reply_was_lost(tmp_path):
+    """MLflow stored a trial's child run but its reply was lost: the writer's retry finds that
+    run instead of making a second, and the trial's metrics go to it."""
+    from haepo_ray.tracking.queries import child_runs
+    from haepo_ray.tracking.retry import MLflowCalls
+    from haepo_ray.tracking.writer import Metrics, MLflowWriter, StartRun
+
+    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=2, backoff_s=0))
+    client = calls.connect()
+    exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
+    create, stored = client.create_run, []
+
+    def create_reply_lost(*args, **kwargs):
+        run = create(*args, **kwargs)
+        stored.append(run.info.run_id)
+        if len(stored) == 1:
+            raise ConnectionError("reply lost")
+        return run
+
+    client.create_run = create_reply_lost
+    writer = MLflowWriter(calls, flush_interval_s=0)
+    writer.start(exp, parent, {})
+    writer.put(StartRun("t1", "trial_1", {"haepo.trial_id": "t1"}, {"lr": "0.1"}))
+    writer.put(Metrics("t1", 1, int(time.time() * 1000), {"training_iteration": 1.0}))
+    writer.stop()
+
+    (child,) = child_runs(client, exp, parent)
+    assert stored == [child.info.run_id] == [writer.run_id_of("t1")]
+    assert child.data.params == {"lr": "0.1"} and child.data.metrics == {"training_iteration": 1.0}
+    assert not calls.not_logged
+
+
 def test_bad_settings_say_what_is_wrong():
     with pytest.raises(ValueError, match="retries .HAEPO_MLFLOW_RETRIES. must be >= 0, got -1"):
         tracking.RetryPolicy(retries=-1)

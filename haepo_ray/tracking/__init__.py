@@ -4,7 +4,8 @@ logged from the Tune driver.
 - :mod:`~haepo_ray.tracking.uri`: where to log (flag, ``MLFLOW_TRACKING_URI``, embedded SQLite);
 - :mod:`~haepo_ray.tracking.schema`: what is written and in which form (params, metrics, tag
   values; the best-trial rule), which the report reads back;
-- :mod:`~haepo_ray.tracking.writer`: the background thread that writes, with retries;
+- :mod:`~haepo_ray.tracking.retry`: MLflow calls with retries, and the record of what failed;
+- :mod:`~haepo_ray.tracking.writer`: the background thread that writes (typed messages);
 - :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
 - :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again.
 """
@@ -23,7 +24,7 @@ from haepo_ray.tracking.schema import (
     select_metrics,
 )
 from haepo_ray.tracking.uri import artifact_location_for, default_tracking_uri, resolve_tracking_uri
-from haepo_ray.tracking.writer import NotLogged, RetryPolicy
+from haepo_ray.tracking.retry import NotLogged, RetryPolicy
 
 __all__ = [
     "DEFAULT_METRICS",

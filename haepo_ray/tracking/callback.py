@@ -19,9 +19,9 @@ Runs are found again, never duplicated: a resumed sweep finds its parent by the 
 ``haepo.sweep_dir`` and every trial's child by ``haepo.trial_id``; after a driver crash, what
 the old driver had not written is recovered from each trial's ``result.json``.
 
-Logging never raises into Tune and never blocks it (:mod:`haepo_ray.tracking.writer`); what
-fails after retries is in :attr:`MLflowSweepCallback.not_logged` and
-``mlflow_not_logged.jsonl`` in the sweep folder.
+Logging never raises into Tune and never blocks it (:mod:`haepo_ray.tracking.writer`, with
+the retries of :mod:`haepo_ray.tracking.retry`); what fails after retries is in
+:attr:`MLflowSweepCallback.not_logged` and ``mlflow_not_logged.jsonl`` in the sweep folder.
 """
 
 from __future__ import annotations
@@ -50,17 +50,8 @@ from haepo_ray.tracking.schema import (
     summarize_trials,
     tag_values,
 )
-from haepo_ray.tracking.writer import (
-    EndParent,
-    EndRun,
-    Metrics,
-    MLflowWriter,
-    NotLogged,
-    RetryPolicy,
-    StartRun,
-    Summary,
-    Tags,
-)
+from haepo_ray.tracking.retry import MLflowCalls, NotLogged, RetryPolicy
+from haepo_ray.tracking.writer import EndParent, EndRun, Metrics, MLflowWriter, StartRun, Summary, Tags
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +125,8 @@ class MLflowSweepCallback(Callback):
         self.settings = settings
         self.retry = retry if retry is not None else RetryPolicy.from_env()
         not_logged_path = os.path.join(settings.sweep_dir, NOT_LOGGED_FILE) if settings.sweep_dir else None
-        self._writer = MLflowWriter(settings.tracking_uri, self.retry, not_logged_path=not_logged_path)
+        self._calls = MLflowCalls(settings.tracking_uri, self.retry, not_logged_path=not_logged_path)
+        self._writer = MLflowWriter(self._calls)
         self.parent_run_id: str | None = None
         self._earlier_runs: dict[str, str] = {}  # trial_id -> child run of an earlier session
         self._earlier_status: dict[str, str] = {}  # trial_id -> that run's MLflow status
@@ -155,7 +147,7 @@ class MLflowSweepCallback(Callback):
     @property
     def not_logged(self) -> list[NotLogged]:
         """What could not be written to MLflow, so far."""
-        return self._writer.not_logged
+        return self._calls.not_logged
 
     def run_id_of(self, trial_id: str) -> str | None:
         """The child run of a trial: created or found in this session, or (on resume) by an
@@ -171,27 +163,27 @@ class MLflowSweepCallback(Callback):
         if self._started:
             return self.parent_run_id
         self._started = True
-        s, writer = self.settings, self._writer
-        writer.connect()
-        ok, experiment_id = writer.call("experiment", None, f"experiment {s.experiment_name!r}",
+        s, calls = self.settings, self._calls
+        calls.connect()
+        ok, experiment_id = calls.call("experiment", None, f"experiment {s.experiment_name!r}",
                                         self._get_or_create_experiment)
         parent = None
         if ok and s.resume and s.sweep_dir is not None:
-            ok, parent = writer.call("parent run", None, f"parent run of {s.sweep_name!r} (resume)",
+            ok, parent = calls.call("parent run", None, f"parent run of {s.sweep_name!r} (resume)",
                                      lambda: self._reopen_parent(experiment_id))
         if ok and parent is None:
             parent = self._create_parent(experiment_id)
         if parent is None:
             logger.warning("MLflow at %s cannot be reached: this sweep runs without tracking "
                            "(nothing will be logged to MLflow)", s.tracking_uri)
-            writer.write_not_logged()
+            calls.write_not_logged()
             return None
         self.parent_run_id = parent
-        writer.start(experiment_id, parent, self._earlier_runs)
+        self._writer.start(experiment_id, parent, self._earlier_runs)
         return parent
 
     def _get_or_create_experiment(self) -> str:
-        client, name = self._writer.client, self.settings.experiment_name
+        client, name = self._calls.client, self.settings.experiment_name
         exp = client.get_experiment_by_name(name)
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
@@ -208,7 +200,7 @@ class MLflowSweepCallback(Callback):
     def _reopen_parent(self, experiment_id: str) -> str | None:
         """The parent run of an earlier session of this sweep, set RUNNING, with its children
         remembered; None when there is none."""
-        client = self._writer.client
+        client = self._calls.client
         run_id = find_sweep_parent(client, experiment_id, self.settings.sweep_dir)
         if run_id is None:
             return None
@@ -223,8 +215,8 @@ class MLflowSweepCallback(Callback):
 
     def _create_parent(self, experiment_id: str) -> str | None:
         """A new parent run with its params and spec texts; None when it cannot be created."""
-        s, writer = self.settings, self._writer
-        client = writer.client
+        s, calls = self.settings, self._calls
+        client = calls.client
         tags = {names.ROLE: SWEEP_ROLE, names.SWEEP: s.sweep_name, **s.parent_tags}
         if s.sweep_dir is not None:
             tags[names.SWEEP_DIR] = s.sweep_dir
@@ -236,14 +228,14 @@ class MLflowSweepCallback(Callback):
             found = find_sweep_parent(client, experiment_id, s.sweep_dir) if s.sweep_dir else None
             return found or create()
 
-        ok, run_id = writer.call("parent run", None, f"parent run of {s.sweep_name!r}", create,
-                                 retry_fn=find_or_create)
+        ok, run_id = calls.call("parent run", None, f"parent run of {s.sweep_name!r}", create,
+                                retry_fn=find_or_create)
         if not ok:
             return None
-        writer.log_params(run_id, None, params_of(s.parent_params))
+        calls.log_params(run_id, None, params_of(s.parent_params))
         for text, name in ((s.spec_yaml, "spec.yaml"), (s.spec_source, "spec_source.yaml")):
             if text:
-                writer.call("artifact", None, name, lambda t=text, n=name: client.log_text(run_id, t, n))
+                calls.call("artifact", None, name, lambda t=text, n=name: client.log_text(run_id, t, n))
         return run_id
 
     # ------------------------------------------------------------------ Tune hooks (driver)
@@ -347,11 +339,11 @@ class MLflowSweepCallback(Callback):
                 self._writer.put(Summary(summarize_trials(trials, self.settings.metric, self.settings.mode)))
             self._writer.put(EndParent(status))
             self._writer.stop()
-        self._writer.write_not_logged()
+        self._calls.write_not_logged()
 
     def not_logged_summary(self) -> str:
         """What was not logged, counted by kind, with the first items ("" when nothing)."""
-        return self._writer.not_logged_summary()
+        return self._calls.not_logged_summary()
 
     # ------------------------------------------------------------------ queueing (driver)
 
