@@ -1,9 +1,9 @@
 """Trials of sweeps, read back from MLflow: one :class:`Trial` per child run.
 
 A trial's *configuration* is its search-space values without the seed (the tag
-``haepo.search_values`` that :mod:`haepo_ray.tracking` writes); trials of one experiment and
-algorithm with the same configuration are seeds of one *group*. Each trial carries its metric
-histories, indexed by training iteration.
+``haepo.search_values`` that :mod:`haepo_ray.tracking` writes: spec name -> value); trials of
+one experiment and algorithm with the same configuration are seeds of one *group*. Each trial
+carries its metric histories, indexed by training iteration.
 """
 
 from __future__ import annotations

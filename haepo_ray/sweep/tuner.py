@@ -493,8 +493,8 @@ def run_sweep(
 ) -> SweepResult:
     """Runs (or with ``resume`` continues) the sweep; returns its summary.
 
-    ``callback_kwargs`` go to :class:`haepo_ray.tracking.MLflowSweepCallback` (retries,
-    backoff_s, ...); ``extra_callbacks`` are more Tune callbacks."""
+    ``callback_kwargs`` set the MLflow callback's :class:`haepo_ray.tracking.RetryPolicy`
+    (``retries``, ``backoff_s``, ``timeout_s``); ``extra_callbacks`` are more Tune callbacks."""
     import ray
     from ray import tune
 
