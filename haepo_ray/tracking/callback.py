@@ -166,11 +166,11 @@ class MLflowSweepCallback(Callback):
         s, calls = self.settings, self._calls
         calls.connect()
         ok, experiment_id = calls.call("experiment", None, f"experiment {s.experiment_name!r}",
-                                        self._get_or_create_experiment)
+                                       self._get_or_create_experiment)
         parent = None
         if ok and s.resume and s.sweep_dir is not None:
             ok, parent = calls.call("parent run", None, f"parent run of {s.sweep_name!r} (resume)",
-                                     lambda: self._reopen_parent(experiment_id))
+                                    lambda: self._reopen_parent(experiment_id))
         if ok and parent is None:
             parent = self._create_parent(experiment_id)
         if parent is None:
