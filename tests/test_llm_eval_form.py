@@ -19,7 +19,7 @@ from haepo_ray.llm.eval_cli import add_parsers
 from haepo_ray.llm.eval_form import (
     GENERATIONS, generations_from_mlflow, pick_posts, read_generations, rouge_l, write_form)
 from haepo_ray.llm.eval_page import ANSWER_COLUMNS
-from haepo_ray.llm.eval_score import Answer, KeyRow, format_scores, read_answers, read_key, score
+from haepo_ray.llm.eval_score import KeyRow, format_scores, read_answers, read_key, score
 from haepo_ray.names import PARENT_RUN, ROLE
 
 ALGORITHMS = ("HAEPO", "GRPO", "DPO")

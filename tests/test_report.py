@@ -65,13 +65,13 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
     report = build_report(uri, ["report-bandit"], tmp_path)
     table = report.table
     assert len(table) == 4 and set(table["seeds"]) == {2}
-    assert set(table["config"]) == {f"episodes_per_batch={b}, lr={lr}" for b in (4, 8) for lr in (0.01, 0.1)}
+    assert set(table["config"]) == {f"batch_size={b}, lr={lr}" for b in (4, 8) for lr in (0.01, 0.1)}
 
     # Each group's mean and std of the final return and regret are those of its two runs.
     client = MlflowClient(uri)
     for _, row in table.iterrows():
         runs = [t for t in result.trials
-                if row["config"] == f"episodes_per_batch={t.values['batch_size']}, lr={t.values['lr']}"]
+                if row["config"] == f"batch_size={t.values['batch_size']}, lr={t.values['lr']}"]
         assert len(runs) == 2
         metrics = [client.get_run(t.run_id).data.metrics for t in runs]
         returns = [m[RETURN] for m in metrics]
@@ -144,7 +144,7 @@ def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
     uri, _ = store
     assert cli.main(["report", "--tracking-uri", uri, "--experiment", "report-bandit", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "return mean" in out and "episodes_per_batch=8, lr=0.1" in out and "index.html" in out
+    assert "return mean" in out and "batch_size=8, lr=0.1" in out and "index.html" in out
 
     assert cli.main(["report", "--tracking-uri", uri, "--experiment", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -153,6 +153,28 @@ def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
     assert cli.main(["report", "--tracking-uri", missing, "--out", str(tmp_path)]) == 2
     assert "no MLflow store at" in capsys.readouterr().err
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_search_values_of_older_stores_keep_their_names(tmp_path):
+    """Sweeps now tag a trial's search values by their spec names; older ones tagged Tune's
+    config paths, which still read as the setting's name."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from haepo_ray.report.runs import load_trials
+
+    uri = f"sqlite:///{tmp_path / 'old.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("old", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
+    for values in ({"config/lr": 0.1, "_train_batch_size_per_learner": 8, "seed": 3},
+                   {"lr": 0.1, "batch_size": 8, "seed": 4}):
+        client.create_run(exp, tags={"mlflow.parentRunId": parent, "haepo.role": "trial",
+                                     "haepo.algorithm": "PPO", "haepo.search_values": json.dumps(values)})
+    trials = sorted(load_trials(uri, ["old"]), key=lambda t: t.seed)
+    assert [(t.seed, t.config) for t in trials] == [
+        (3, {"lr": 0.1, "train_batch_size_per_learner": 8}), (4, {"lr": 0.1, "batch_size": 8})]
 
 
 def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):

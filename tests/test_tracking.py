@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import pickle
 import signal
 import socket
 import sqlite3
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -69,10 +71,87 @@ def test_metrics_are_selected_flattened_and_numeric():
     assert tracking.sanitize_key("a:b/c d=e") == "a_b/c d_e"
 
 
+def test_one_best_trial_rule_for_mlflow_and_the_sweep_summary():
+    """The parent run's best trial and the sweep's printed ranking come from one rule: the
+    last reported value, NaN and missing values last, ties in trial order."""
+    from haepo_ray.sweep.tuner import SweepResult, TrialSummary
+
+    last = {"a": 0.5, "b": float("nan"), "c": 0.9, "d": None, "e": 0.9, "f": 0.1}
+    trials = [SimpleNamespace(trial_id=k, last_result={"env_runners": {"episode_return_mean": v}})
+              for k, v in last.items()]
+    for mode, ranked in (("max", "ceafbd"), ("min", "facebd")):
+        summary = tracking.schema.summarize_trials(trials, "env_runners/episode_return_mean", mode)
+        assert summary["num_trials"] == 6
+        assert summary["best"] == {"trial_id": ranked[0], "value": last[ranked[0]]}
+        result = SweepResult("dir", "exp", None, None, "env_runners/episode_return_mean", mode, trials=[
+            TrialSummary(t.trial_id, t.trial_id, "TERMINATED", 1,
+                         tracking.metric_value(t.last_result, "env_runners/episode_return_mean"), {}, None)
+            for t in trials])
+        assert "".join(t.trial_id for t in result.ranked()) == ranked
+        assert result.best.trial_id == ranked[0]
+    assert tracking.schema.summarize_trials(trials[1:2], "env_runners/episode_return_mean")["best"] is None
+
+
+def test_callback_pickles_as_its_settings(tmp_path):
+    """Tune pickles callbacks into tuner.pkl: a started callback (client, thread, queue)
+    pickles as its settings and retry policy only, and unpickles unstarted."""
+    settings = tracking.SweepTracking(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", "sweep-1",
+                                      sweep_dir=str(tmp_path), search_keys={"batch_size": "episodes_per_batch"})
+    cb = tracking.MLflowSweepCallback(settings, tracking.RetryPolicy(retries=0))
+    try:
+        assert cb.start()
+        copy = pickle.loads(pickle.dumps(cb))
+    finally:
+        cb.close()
+    assert (copy.settings, copy.retry) == (settings, cb.retry)
+    assert copy.parent_run_id is None and copy.run_id_of("any") is None
+
+
+def test_a_retried_create_finds_the_run_whose_reply_was_lost(tmp_path):
+    """MLflow stored a trial's child run but its reply was lost: the writer's retry finds that
+    run instead of making a second, and the trial's metrics go to it."""
+    from haepo_ray.tracking.queries import child_runs
+    from haepo_ray.tracking.retry import MLflowCalls
+    from haepo_ray.tracking.writer import Metrics, MLflowWriter, StartRun
+
+    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=2, backoff_s=0))
+    client = calls.connect()
+    exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
+    create, stored = client.create_run, []
+
+    def create_reply_lost(*args, **kwargs):
+        run = create(*args, **kwargs)
+        stored.append(run.info.run_id)
+        if len(stored) == 1:
+            raise ConnectionError("reply lost")
+        return run
+
+    client.create_run = create_reply_lost
+    writer = MLflowWriter(calls, flush_interval_s=0)
+    writer.start(exp, parent, {})
+    writer.put(StartRun("t1", "trial_1", {"haepo.trial_id": "t1"}, {"lr": "0.1"}))
+    writer.put(Metrics("t1", 1, int(time.time() * 1000), {"training_iteration": 1.0}))
+    writer.stop()
+
+    (child,) = child_runs(client, exp, parent)
+    assert stored == [child.info.run_id] == [writer.run_id_of("t1")]
+    assert child.data.params == {"lr": "0.1"} and child.data.metrics == {"training_iteration": 1.0}
+    assert not calls.not_logged
+
+
+def test_bad_settings_say_what_is_wrong():
+    with pytest.raises(ValueError, match="retries .HAEPO_MLFLOW_RETRIES. must be >= 0, got -1"):
+        tracking.RetryPolicy(retries=-1)
+    with pytest.raises(ValueError, match="mode must be 'max' or 'min', got 'best'"):
+        tracking.SweepTracking("sqlite:///x.db", "exp", "sweep-1", mode="best")
+
+
 def test_unreachable_tracking_server_warns_and_does_not_raise(tmp_path, caplog):
     port = _free_port()  # nothing listens there
-    cb = tracking.MLflowSweepCallback(f"http://127.0.0.1:{port}", "exp", "sweep-1",
-                                      sweep_dir=str(tmp_path), retries=1, backoff_s=0.05, timeout_s=2)
+    cb = tracking.MLflowSweepCallback(
+        tracking.SweepTracking(f"http://127.0.0.1:{port}", "exp", "sweep-1", sweep_dir=str(tmp_path)),
+        tracking.RetryPolicy(retries=1, backoff_s=0.05, timeout_s=2))
     with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
         assert cb.start() is None
         cb.close()

@@ -1,9 +1,9 @@
 """Trials of sweeps, read back from MLflow: one :class:`Trial` per child run.
 
 A trial's *configuration* is its search-space values without the seed (the tag
-``haepo.search_values`` that :mod:`haepo_ray.tracking` writes); trials of one experiment and
-algorithm with the same configuration are seeds of one *group*. Each trial carries its metric
-histories, indexed by training iteration.
+``haepo.search_values`` that :mod:`haepo_ray.tracking` writes: spec name -> value); trials of
+one experiment and algorithm with the same configuration are seeds of one *group*. Each trial
+carries its metric histories, indexed by training iteration.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from typing import Any
 
 import pandas as pd
 
-from haepo_ray.tracking import PARENT_TAG, ROLE_TAG, search_all_runs
+from haepo_ray import names
+from haepo_ray.tracking import TRIAL_ROLE, search_all_runs
 
-ITERATION = "training_iteration"
-SECONDS = "time_total_s"
-ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
-RETURN = "env_runners/episode_return_mean"
-REGRET = "env_runners/regret_per_step_mean"
-SUCCESS = "env_runners/success_rate"
-# HAEPO and the baselines log the policy entropy as policy_entropy, RLlib's PPO as entropy.
-ENTROPY_KEYS = ("learners/default_policy/policy_entropy", "learners/default_policy/entropy")
+ITERATION = names.TRAINING_ITERATION
+SECONDS = names.TIME_TOTAL_S
+ENV_STEPS = names.ENV_STEPS
+RETURN = names.EPISODE_RETURN_MEAN
+REGRET = names.REGRET_PER_STEP
+SUCCESS = names.SUCCESS_RATE
+ENTROPY_KEYS = names.POLICY_ENTROPY_KEYS
 CURVE_METRICS = (SECONDS, ENV_STEPS, RETURN, REGRET, SUCCESS, *ENTROPY_KEYS)
 ENTROPY = "policy_entropy"
 SEED_KEYS = ("seed",)
@@ -67,7 +67,7 @@ def _env_value(value: str) -> str:
 
 
 def config_label(config: dict[str, Any]) -> str:
-    """``lr=0.001, episodes_per_batch=8`` (sorted); ``default`` for an empty configuration."""
+    """``batch_size=8, lr=0.001`` (sorted); ``default`` for an empty configuration."""
     return ", ".join(f"{k}={_short(v)}" for k, v in sorted(config.items())) or "default"
 
 
@@ -76,16 +76,22 @@ def _short(value: Any) -> str:
 
 
 def _search_values(run) -> dict[str, Any]:
-    raw = run.data.tags.get("haepo.search_values")
+    """The trial's search values by their names in the spec."""
+    raw = run.data.tags.get(names.SEARCH_VALUES)
     if not raw:
         return {}
     try:
         values = json.loads(raw)
     except json.JSONDecodeError:
         return {}
-    # Tune's keys are config paths, e.g. "config/lr" or "lr": keep the last part, without
-    # RLlib's underscore for settings stored behind a property (_train_batch_size_per_learner).
-    return {key.rsplit("/", 1)[-1].lstrip("_"): value for key, value in values.items()}
+    return {_spec_name(key): value for key, value in values.items()}
+
+
+def _spec_name(key: str) -> str:
+    """A search value's name. Runs logged before the tag held spec names hold Tune's config
+    paths ("config/lr", "_train_batch_size_per_learner"): their last part, without RLlib's
+    underscore for settings stored behind a property."""
+    return key.rsplit("/", 1)[-1].lstrip("_")
 
 
 def _curves(client, run) -> pd.DataFrame:
@@ -127,19 +133,19 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
         exps = client.search_experiments()
     trials: list[Trial] = []
     for exp in exps:
-        runs = search_all_runs(client, exp.experiment_id, f"tags.`{ROLE_TAG}` = 'trial'")
+        runs = search_all_runs(client, exp.experiment_id, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")
         if experiments and not runs:
             raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials")
         for run in runs:
-            if PARENT_TAG not in run.data.tags:
+            if names.PARENT_RUN not in run.data.tags:
                 continue
             values = _search_values(run)
-            seed = next((values.pop(k) for k in SEED_KEYS if k in values), run.data.tags.get("haepo.seed"))
+            seed = next((values.pop(k) for k in SEED_KEYS if k in values), run.data.tags.get(names.SEED))
             trials.append(Trial(
                 experiment=exp.name,
                 run_id=run.info.run_id,
-                algorithm=run.data.tags.get("haepo.algorithm", "?"),
-                env=run.data.tags.get("haepo.env", "?"),
+                algorithm=run.data.tags.get(names.ALGORITHM, "?"),
+                env=run.data.tags.get(names.ENV, "?"),
                 seed=seed,
                 config=values,
                 params=dict(run.data.params),

@@ -1,47 +1,24 @@
 """What a finished sweep hands back: one :class:`TrialSummary` per trial, the best trial by
-the one rule of :func:`best_trial`, the printed summary and ``haepo_summary.json``."""
+the one rule of :func:`haepo_ray.tracking.best` (which the MLflow parent run records too),
+the printed summary and ``haepo_summary.json``."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ray.tune import Callback
 
 from haepo_ray import names
 from haepo_ray.sweep.plan import SweepPlan
 from haepo_ray.tables import format_table
+from haepo_ray.tracking import best, metric_value, rank
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-def best_trial(scored: Iterable[tuple[T, float]], mode: str) -> T | None:
-    """The item with the highest (``mode="max"``) or lowest value: the sweep's best trial by
-    the *last* reported value of its metric (Tune's ``scope="last"``). None when empty."""
-    scored = list(scored)
-    if not scored:
-        return None
-    return (max if mode == "max" else min)(scored, key=lambda item: item[1])[0]
-
-
-def metric_value(result: dict[str, Any] | None, metric: str) -> float | None:
-    """``metric`` ("/"-nested) of a result as a float; None when absent, NaN or not a number."""
-    node: Any = result or {}
-    if metric in node:  # a flat key
-        node = node[metric]
-    else:
-        for part in metric.split("/"):
-            node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, bool) or not isinstance(node, (int, float)) or math.isnan(node):
-        return None
-    return float(node)
 
 
 @dataclass
@@ -72,12 +49,11 @@ class SweepResult:
 
     @property
     def best(self) -> TrialSummary | None:
-        return best_trial(((t, t.value) for t in self.trials if t.value is not None), self.mode)
+        return best(self.trials, lambda t: t.value, self.mode)
 
     def ranked(self) -> list[TrialSummary]:
-        scored = [t for t in self.trials if t.value is not None]
-        rest = [t for t in self.trials if t.value is None]
-        return sorted(scored, key=lambda t: t.value, reverse=self.mode == "max") + rest
+        """Best first (the rule MLflow's parent run records), then trials without a value."""
+        return rank(self.trials, lambda t: t.value, self.mode)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -95,8 +95,9 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
 
 def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_name: str,
                   sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
-                  **kwargs):
-    """The sweep's MLflow callback: one parent run, one child per trial."""
+                  **retry):
+    """The sweep's MLflow callback: one parent run, one child per trial; ``retry``:
+    ``retries``, ``backoff_s``, ``timeout_s`` (:class:`haepo_ray.tracking.RetryPolicy`)."""
     from haepo_ray import names, tracking
 
     spec = plan.spec
@@ -116,12 +117,13 @@ def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_
         "max_concurrent_trials": spec.max_concurrent_trials,
         "checkpoint_frequency": spec.checkpoint_frequency,
     }
-    return tracking.MLflowSweepCallback(
-        tracking_uri,
-        experiment,
-        sweep_name,
+    settings = tracking.SweepTracking(
+        tracking_uri=tracking_uri,
+        experiment_name=experiment,
+        sweep_name=sweep_name,
         sweep_dir=sweep_dir,
         resume=resume,
+        artifact_location=tracking.artifact_location_for(tracking_uri),
         parent_params=params,
         parent_tags={
             names.ALGORITHM: spec.algorithm,
@@ -132,14 +134,14 @@ def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_
         spec_yaml=spec.resolved_yaml(),
         spec_source=spec_text,
         trial_tags={names.ALGORITHM: spec.algorithm, names.ENV: spec.env},
+        search_keys=plan.search_keys,
         metric=spec.metric,
         mode=spec.mode,
         metrics=spec.tracking.metrics,
         config_metrics=list(plan.mutations),
         log_checkpoints=spec.tracking.log_checkpoints,
-        artifact_location=tracking.artifact_location_for(tracking_uri),
-        **kwargs,
     )
+    return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry))
 
 
 # --------------------------------------------------------------------------- run
@@ -197,8 +199,8 @@ def run_sweep(
 ) -> results.SweepResult:
     """Runs (or with ``resume`` continues) the sweep; returns its summary.
 
-    ``callback_kwargs`` go to :class:`haepo_ray.tracking.MLflowSweepCallback` (retries,
-    backoff_s, ...); ``extra_callbacks`` are more Tune callbacks."""
+    ``callback_kwargs`` set the MLflow callback's :class:`haepo_ray.tracking.RetryPolicy`
+    (``retries``, ``backoff_s``, ``timeout_s``); ``extra_callbacks`` are more Tune callbacks."""
     import ray
     from ray import tune
 

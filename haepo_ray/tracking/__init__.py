@@ -1,0 +1,48 @@
+"""MLflow tracking for sweeps: one parent run per sweep, one nested child run per trial,
+logged from the Tune driver.
+
+- :mod:`~haepo_ray.tracking.uri`: where to log (flag, ``MLFLOW_TRACKING_URI``, embedded SQLite);
+- :mod:`~haepo_ray.tracking.schema`: what is written and in which form (params, metrics, tag
+  values; the best-trial rule), which the report reads back;
+- :mod:`~haepo_ray.tracking.retry`: MLflow calls with retries, and the record of what failed;
+- :mod:`~haepo_ray.tracking.writer`: the background thread that writes (typed messages);
+- :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
+- :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again.
+"""
+
+from haepo_ray.tracking.callback import MLflowSweepCallback, SweepTracking
+from haepo_ray.tracking.queries import find_sweep_runs, search_all_runs
+from haepo_ray.tracking.schema import (
+    DEFAULT_METRICS,
+    SWEEP_ROLE,
+    TRIAL_ROLE,
+    best,
+    flatten,
+    metric_value,
+    rank,
+    sanitize_key,
+    select_metrics,
+)
+from haepo_ray.tracking.uri import artifact_location_for, default_tracking_uri, resolve_tracking_uri
+from haepo_ray.tracking.retry import NotLogged, RetryPolicy
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "SWEEP_ROLE",
+    "TRIAL_ROLE",
+    "MLflowSweepCallback",
+    "NotLogged",
+    "RetryPolicy",
+    "SweepTracking",
+    "artifact_location_for",
+    "best",
+    "default_tracking_uri",
+    "find_sweep_runs",
+    "flatten",
+    "metric_value",
+    "rank",
+    "resolve_tracking_uri",
+    "sanitize_key",
+    "search_all_runs",
+    "select_metrics",
+]

@@ -1,0 +1,410 @@
+"""The Ray Tune callback that logs a sweep to MLflow: one parent run per sweep, one nested
+child run per trial. It runs on the Tune driver, so trials need no MLflow access.
+
+What it writes (names in :mod:`haepo_ray.names`, forms in :mod:`haepo_ray.tracking.schema`):
+
+- parent run (tag ``haepo.role=sweep``): the spec's params, the resolved spec as an artifact
+  (``spec.yaml``, and the file as written, ``spec_source.yaml``), at the end the best trial
+  (tags ``haepo.best_trial_id`` / ``haepo.best_run_id``, metric ``best/<metric>``) and
+  ``summary.json``;
+- one child per trial (``mlflow.parentRunId`` = the parent; tag ``haepo.trial_id``): params =
+  the trial's config flattened with ``/``; metrics every training iteration with
+  ``step=training_iteration`` (the keys matching ``SweepTracking.metrics``, among them
+  wall-clock ``time_total_s`` and env steps ``env_runners/num_env_steps_sampled_lifetime``);
+  tags algorithm, env, seed, trial id/name, the trial's search values by their spec names
+  (``haepo.search_values``) and its Ray node (ip and host name); the final checkpoint as
+  artifacts under ``checkpoint/``.
+
+Runs are found again, never duplicated: a resumed sweep finds its parent by the tag
+``haepo.sweep_dir`` and every trial's child by ``haepo.trial_id``; after a driver crash, what
+the old driver had not written is recovered from each trial's ``result.json``.
+
+Logging never raises into Tune and never blocks it (:mod:`haepo_ray.tracking.writer`, with
+the retries of :mod:`haepo_ray.tracking.retry`); what fails after retries is in
+:attr:`MLflowSweepCallback.not_logged` and ``mlflow_not_logged.jsonl`` in the sweep folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray.tune import Callback
+
+from haepo_ray import names
+from haepo_ray.tracking.queries import child_runs, find_sweep_parent
+from haepo_ray.tracking.schema import (
+    DEFAULT_METRICS,
+    SWEEP_ROLE,
+    TRIAL_ROLE,
+    is_metric_value,
+    params_of,
+    sanitize_key,
+    select_metrics,
+    summarize_trials,
+    tag_values,
+)
+from haepo_ray.tracking.retry import MLflowCalls, NotLogged, RetryPolicy
+from haepo_ray.tracking.writer import EndParent, EndRun, Metrics, MLflowWriter, StartRun, Summary, Tags
+
+logger = logging.getLogger(__name__)
+
+NOT_LOGGED_FILE = "mlflow_not_logged.jsonl"
+
+
+@dataclass(frozen=True)
+class SweepTracking:
+    """What a sweep logs to MLflow, and where.
+
+    Args:
+        tracking_uri: where to log (see :func:`haepo_ray.tracking.resolve_tracking_uri`).
+        experiment_name: the MLflow experiment (created when missing).
+        sweep_name: the parent run's name.
+        sweep_dir: the sweep's Ray results folder; identifies the sweep on resume and receives
+            ``mlflow_not_logged.jsonl``.
+        resume: look for the parent and children of an earlier run of this sweep first.
+        artifact_location: of the experiment when it is created (None: the store's choice).
+        parent_params, parent_tags: logged on the parent.
+        spec_yaml, spec_source: texts logged as the parent's ``spec.yaml`` / ``spec_source.yaml``.
+        trial_tags: static tags for every child (algorithm, env, ...).
+        search_keys: spec search-space name -> key in the trial config (``batch_size ->
+            episodes_per_batch``); the child's ``haepo.search_values`` maps each name to the
+            trial's value.
+        metric, mode: what "best" means for the parent's summary.
+        metrics: glob patterns of result keys to log (None or empty: :data:`DEFAULT_METRICS`).
+        config_metrics: config keys logged as ``config/<key>`` metrics every iteration (the
+            values Population Based Training mutates).
+        log_checkpoints: upload each trial's final checkpoint.
+    """
+
+    tracking_uri: str
+    experiment_name: str
+    sweep_name: str
+    sweep_dir: str | None = None
+    resume: bool = False
+    artifact_location: str | None = None
+    parent_params: Mapping[str, Any] = field(default_factory=dict)
+    parent_tags: Mapping[str, str] = field(default_factory=dict)
+    spec_yaml: str | None = None
+    spec_source: str | None = None
+    trial_tags: Mapping[str, str] = field(default_factory=dict)
+    search_keys: Mapping[str, str] = field(default_factory=dict)
+    metric: str | None = None
+    mode: str = "max"
+    metrics: tuple[str, ...] | None = DEFAULT_METRICS
+    config_metrics: tuple[str, ...] = ()
+    log_checkpoints: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"SweepTracking.mode must be 'max' or 'min', got {self.mode!r}")
+        # Own copies: the settings must not change under the callback (or in its pickle).
+        for name in ("parent_params", "parent_tags", "trial_tags", "search_keys"):
+            object.__setattr__(self, name, dict(getattr(self, name)))
+        object.__setattr__(self, "metrics", tuple(self.metrics or DEFAULT_METRICS))
+        object.__setattr__(self, "config_metrics", tuple(self.config_metrics))
+        if self.sweep_dir is not None:
+            object.__setattr__(self, "sweep_dir", str(self.sweep_dir))
+
+
+class MLflowSweepCallback(Callback):
+    """One MLflow parent run per sweep, one nested child per trial; see the module doc.
+
+    Args:
+        settings: what to log and where.
+        retry: how hard each MLflow call is tried (default: :meth:`RetryPolicy.from_env`).
+    """
+
+    def __init__(self, settings: SweepTracking, retry: RetryPolicy | None = None):
+        self.settings = settings
+        self.retry = retry if retry is not None else RetryPolicy.from_env()
+        not_logged_path = os.path.join(settings.sweep_dir, NOT_LOGGED_FILE) if settings.sweep_dir else None
+        self._calls = MLflowCalls(settings.tracking_uri, self.retry, not_logged_path=not_logged_path)
+        self._writer = MLflowWriter(self._calls)
+        self.experiment_id: str | None = None
+        self.parent_run_id: str | None = None
+        self._earlier_runs: dict[str, str] = {}  # trial_id -> child run of an earlier session
+        self._earlier_status: dict[str, str] = {}  # trial_id -> that run's MLflow status
+        self._reconciled = False
+        self._node: dict[str, tuple[str, str]] = {}
+        self._started_trials: set[str] = set()
+        self._started = False
+        self._closed = False
+
+    def __reduce__(self):
+        # Tune pickles its callbacks into tuner.pkl: the settings, never the live state.
+        return type(self), (self.settings, self.retry)
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.settings.tracking_uri
+
+    @property
+    def not_logged(self) -> list[NotLogged]:
+        """What could not be written to MLflow, so far."""
+        return self._calls.not_logged
+
+    def run_id_of(self, trial_id: str) -> str | None:
+        """The child run of a trial: created or found in this session, or (on resume) by an
+        earlier one."""
+        return self._writer.run_id_of(trial_id)
+
+    # ------------------------------------------------------------------ set-up
+
+    def start(self) -> str | None:
+        """Connects, finds or creates the experiment and the parent run; starts the logging
+        thread. Returns the parent run id, or None when MLflow cannot be reached (then nothing
+        is logged and the sweep goes on). Idempotent."""
+        if self._started:
+            return self.parent_run_id
+        self._started = True
+        s, calls = self.settings, self._calls
+        calls.connect()
+        ok, experiment_id = calls.call("experiment", None, f"experiment {s.experiment_name!r}",
+                                       self._get_or_create_experiment)
+        parent = None
+        if ok and s.resume and s.sweep_dir is not None:
+            ok, parent = calls.call("parent run", None, f"parent run of {s.sweep_name!r} (resume)",
+                                    lambda: self._reopen_parent(experiment_id))
+        if ok and parent is None:
+            parent = self._create_parent(experiment_id)
+        if parent is None:
+            logger.warning("MLflow at %s cannot be reached: this sweep runs without tracking "
+                           "(nothing will be logged to MLflow)", s.tracking_uri)
+            calls.write_not_logged()
+            return None
+        self.experiment_id, self.parent_run_id = experiment_id, parent
+        self._writer.start(experiment_id, parent, self._earlier_runs)
+        return parent
+
+    def _get_or_create_experiment(self) -> str:
+        client, name = self._calls.client, self.settings.experiment_name
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                client.restore_experiment(exp.experiment_id)
+            return exp.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=self.settings.artifact_location)
+        except Exception:  # made meanwhile by another driver
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def _reopen_parent(self, experiment_id: str) -> str | None:
+        """The parent run of an earlier session of this sweep, set RUNNING, with its children
+        remembered; None when there is none."""
+        client = self._calls.client
+        run_id = find_sweep_parent(client, experiment_id, self.settings.sweep_dir)
+        if run_id is None:
+            return None
+        client.update_run(run_id, status="RUNNING")
+        for run in child_runs(client, experiment_id, run_id):
+            trial_id = run.data.tags.get(names.TRIAL_ID)
+            if trial_id and trial_id not in self._earlier_runs:
+                self._earlier_runs[trial_id] = run.info.run_id
+                self._earlier_status[trial_id] = run.info.status
+        logger.info("MLflow: resuming parent run %s (%d child runs)", run_id, len(self._earlier_runs))
+        return run_id
+
+    def _create_parent(self, experiment_id: str) -> str | None:
+        """A new parent run with its params and spec texts; None when it cannot be created."""
+        s, calls = self.settings, self._calls
+        client = calls.client
+        tags = {names.ROLE: SWEEP_ROLE, names.SWEEP: s.sweep_name, **s.parent_tags}
+        if s.sweep_dir is not None:
+            tags[names.SWEEP_DIR] = s.sweep_dir
+
+        def create() -> str:
+            return client.create_run(experiment_id, tags=tag_values(tags), run_name=s.sweep_name).info.run_id
+
+        def find_or_create() -> str:  # a retry must not create a second parent
+            found = find_sweep_parent(client, experiment_id, s.sweep_dir) if s.sweep_dir else None
+            return found or create()
+
+        ok, run_id = calls.call("parent run", None, f"parent run of {s.sweep_name!r}", create,
+                                retry_fn=find_or_create)
+        if not ok:
+            return None
+        calls.log_params(run_id, None, params_of(s.parent_params))
+        for text, name in ((s.spec_yaml, "spec.yaml"), (s.spec_source, "spec_source.yaml")):
+            if text:
+                calls.call("artifact", None, name, lambda t=text, n=name: client.log_text(run_id, t, n))
+        return run_id
+
+    # ------------------------------------------------------------------ Tune hooks (driver)
+
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        self.start()
+
+    def on_step_begin(self, iteration, trials, **info):
+        if self.settings.resume and not self._reconciled and self._active():
+            self._reconciled = True
+            self._reconcile(trials)
+
+    def _reconcile(self, trials) -> None:
+        """After a driver crash: what the old driver had queued but not written is recovered
+        from each trial's ``result.json`` (steps MLflow lacks), and trials that had finished
+        get their final status and checkpoint."""
+        for trial in trials:
+            status = getattr(trial, "status", "")
+            if trial.trial_id not in self._earlier_runs and status not in ("TERMINATED", "ERROR"):
+                continue  # not started before the crash: its run is created when it starts
+            logged = self._earlier_status.get(trial.trial_id)
+            if logged in ("FINISHED", "FAILED"):
+                continue  # its end was written, so was everything queued before it
+            self._enqueue_start(trial)
+            for row in _results_on_disk(trial):
+                step = int(row.get(names.TRAINING_ITERATION, 0) or 0)
+                ts = int(float(row.get("timestamp", time.time())) * 1000)
+                self._writer.put(Metrics(trial.trial_id, step, ts, select_metrics(row, self.settings.metrics)))
+            if status == "TERMINATED" and logged != "FINISHED":
+                self._enqueue_end(trial, "FINISHED")
+            elif status == "ERROR" and logged != "FAILED":
+                self._enqueue_end(trial, "FAILED")
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._enqueue_start(trial)
+
+    def on_trial_restore(self, iteration, trials, trial, **info):
+        self._enqueue_start(trial)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        if self._active():
+            self._enqueue_start(trial)
+            self._writer.put(Tags(trial.trial_id, {names.NUM_FAILURES: str(trial.num_failures)}))
+        logger.warning("trial %s failed (failure %d); Tune retries it from its last checkpoint",
+                       trial.trial_id, trial.num_failures)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if not self._active():
+            return
+        self._enqueue_start(trial)
+        step = int(result.get(names.TRAINING_ITERATION, 0) or 0)
+        values = select_metrics(result, self.settings.metrics)
+        config = result.get("config") or trial.config or {}
+        for key in self.settings.config_metrics:
+            value = config.get(key)
+            if is_metric_value(value):
+                values[sanitize_key(f"config/{key}")] = float(value)
+        self._writer.put(Metrics(trial.trial_id, step, int(time.time() * 1000), values))
+        node = (str(result.get("node_ip", "")), str(result.get("hostname", "")))
+        if self._node.get(trial.trial_id) != node:
+            self._node[trial.trial_id] = node
+            self._writer.put(Tags(trial.trial_id, {names.NODE_IP: node[0], names.HOSTNAME: node[1]}))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if self._active():
+            self._enqueue_start(trial)
+            self._enqueue_end(trial, "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        if self._active():
+            self._enqueue_start(trial)
+            error = None
+            path = getattr(trial, "error_file", None)
+            if path and os.path.exists(path):
+                try:
+                    error = Path(path).read_text(errors="replace")
+                except OSError:
+                    error = None
+            self._enqueue_end(trial, "FAILED", error)
+
+    def on_experiment_end(self, trials, **info):
+        statuses = [getattr(t, "status", "") for t in trials]
+        status = "FAILED" if any(s == "ERROR" for s in statuses) else (
+            "FINISHED" if all(s == "TERMINATED" for s in statuses) else "KILLED")
+        self.close(status=status, trials=trials)
+
+    # ------------------------------------------------------------------ end
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until everything queued so far is written (or given up). True when done."""
+        return self._writer.flush(timeout)
+
+    def close(self, status: str = "FINISHED", trials: Iterable[Any] | None = None) -> None:
+        """Writes what is pending (waiting at most ``retry.close_timeout_s``), the best trial,
+        the parent's status; warns about anything not logged. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._writer.started:
+            if trials is not None:
+                self._writer.put(Summary(summarize_trials(trials, self.settings.metric, self.settings.mode)))
+            self._writer.put(EndParent(status))
+            self._writer.stop()
+        self._calls.write_not_logged()
+
+    def not_logged_summary(self) -> str:
+        """What was not logged, counted by kind, with the first items ("" when nothing)."""
+        return self._calls.not_logged_summary()
+
+    # ------------------------------------------------------------------ queueing (driver)
+
+    def _active(self) -> bool:
+        if not self._started:
+            self.start()
+        return self._writer.started and not self._closed
+
+    def _enqueue_start(self, trial) -> None:
+        if not self._active() or trial.trial_id in self._started_trials:
+            return
+        self._started_trials.add(trial.trial_id)
+        s = self.settings
+        config = dict(trial.config or {})
+        tags = {
+            names.ROLE: TRIAL_ROLE,
+            names.TRIAL_ID: trial.trial_id,
+            names.TRIAL_NAME: str(trial),
+            names.SWEEP: s.sweep_name,
+            **s.trial_tags,
+        }
+        if "seed" in config:
+            tags[names.SEED] = str(config["seed"])
+        if s.search_keys:
+            tags[names.SEARCH_VALUES] = json.dumps(
+                {name: config.get(key) for name, key in s.search_keys.items()}, default=str, sort_keys=True)
+        self._writer.put(StartRun(trial.trial_id, str(trial), tags, params_of(config)))
+
+    def _enqueue_end(self, trial, status: str, error: str | None = None) -> None:
+        checkpoint = _checkpoint_of(trial) if self.settings.log_checkpoints else None
+        self._writer.put(EndRun(trial.trial_id, status, checkpoint, error, trial.num_failures))
+
+
+def _checkpoint_of(trial) -> Any:
+    try:
+        return trial.checkpoint
+    except Exception:  # pragma: no cover - Tune internals
+        return None
+
+
+def _results_on_disk(trial) -> list[dict[str, Any]]:
+    """The results Tune wrote for ``trial`` (``result.json``: one JSON object per line), from
+    whichever of its folders (driver staging, storage) holds the most."""
+    best: list[dict[str, Any]] = []
+    for attr in ("local_path", "path"):
+        try:
+            folder = getattr(trial, attr, None)
+        except Exception:  # pragma: no cover - Tune internals
+            folder = None
+        if not folder or "://" in str(folder):
+            continue
+        path = Path(folder) / "result.json"
+        if not path.is_file():
+            continue
+        rows = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by the crash
+        if len(rows) > len(best):
+            best = rows
+    return best

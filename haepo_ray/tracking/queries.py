@@ -1,0 +1,71 @@
+"""Finding a sweep's runs in MLflow: by the tags of :mod:`haepo_ray.tracking.schema`.
+
+The callback uses these to find the runs of an earlier session again (resume, a retried
+create); tests and the report use them to read a sweep back.
+"""
+
+from __future__ import annotations
+
+from haepo_ray import names
+from haepo_ray.tracking.schema import SWEEP_ROLE
+
+
+def search_all_runs(client, experiment_id: str, filter_string: str) -> list:
+    """Every run of the experiment that matches ``filter_string``, over all result pages."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string,
+                                  max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
+    """The child runs (trials) of a parent run."""
+    return search_all_runs(client, experiment_id, f"tags.`{names.PARENT_RUN}` = '{_q(parent_run_id)}'")
+
+
+def find_trial_run(client, experiment_id: str, parent_run_id: str, trial_id: str) -> str | None:
+    """The run id of a trial's child run under ``parent_run_id``, if there is one."""
+    runs = search_all_runs(client, experiment_id,
+                           f"tags.`{names.PARENT_RUN}` = '{_q(parent_run_id)}' and "
+                           f"tags.`{names.TRIAL_ID}` = '{_q(trial_id)}'")
+    return runs[0].info.run_id if runs else None
+
+
+def find_sweep_parent(client, experiment_id: str, sweep_dir: str) -> str | None:
+    """The run id of the (first) parent run of the sweep whose Ray results are ``sweep_dir``."""
+    runs = search_all_runs(client, experiment_id,
+                           f"tags.`{names.ROLE}` = '{SWEEP_ROLE}' and "
+                           f"tags.`{names.SWEEP_DIR}` = '{_q(sweep_dir)}'")
+    if not runs:
+        return None
+    runs.sort(key=lambda r: r.info.start_time or 0)
+    return runs[0].info.run_id
+
+
+def find_sweep_runs(tracking_uri: str, experiment_name: str, parent_run_id: str | None = None):
+    """``(parent, children)`` of a sweep in MLflow: the parent run (the newest sweep of the
+    experiment unless ``parent_run_id`` is given) and its child runs, as MLflow Run objects."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment_name)
+    if exp is None:
+        raise LookupError(f"no MLflow experiment {experiment_name!r} at {tracking_uri}")
+    if parent_run_id is None:
+        parents = client.search_runs([exp.experiment_id], f"tags.`{names.ROLE}` = '{SWEEP_ROLE}'",
+                                     order_by=["attributes.start_time DESC"], max_results=1)
+        if not parents:
+            raise LookupError(f"no sweep in MLflow experiment {experiment_name!r}")
+        parent = parents[0]
+    else:
+        parent = client.get_run(parent_run_id)
+    return parent, child_runs(client, exp.experiment_id, parent.info.run_id)
+
+
+def _q(text: str) -> str:
+    """``text`` quoted for a filter string."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")

@@ -1,0 +1,36 @@
+"""Where sweeps log: the tracking URI and the artifact folder of a new experiment.
+
+Tracking URI, first that is set: the ``--tracking-uri`` flag, ``MLFLOW_TRACKING_URI``, else the
+embedded default ``sqlite:///<cwd>/.haepo/mlflow.db`` (artifacts in ``<cwd>/.haepo/mlartifacts``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_DIR = ".haepo"
+
+
+def default_tracking_uri(cwd: str | Path | None = None, *, create: bool = True) -> str:
+    """``sqlite:///<cwd>/.haepo/mlflow.db`` (creates ``.haepo/`` unless ``create=False``)."""
+    root = Path(cwd or os.getcwd()).resolve() / DEFAULT_DIR
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None = None, cwd: str | Path | None = None, *,
+                         create: bool = True) -> str:
+    """The flag, else ``MLFLOW_TRACKING_URI``, else the embedded SQLite default."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(cwd, create=create)
+
+
+def artifact_location_for(tracking_uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: next to a SQLite store's file
+    (``<db folder>/mlartifacts``; MLflow would use ``./mlruns`` of whatever the working
+    directory is); None (the server's choice) for any other store."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return (db.parent.resolve() / "mlartifacts").as_uri()
+    return None
