@@ -74,7 +74,7 @@ def test_metrics_are_selected_flattened_and_numeric():
 def test_one_best_trial_rule_for_mlflow_and_the_sweep_summary():
     """The parent run's best trial and the sweep's printed ranking come from one rule: the
     last reported value, NaN and missing values last, ties in trial order."""
-    from haepo_ray.sweep.tuner import SweepResult, TrialSummary
+    from haepo_ray.sweep.results import SweepResult, TrialSummary
 
     last = {"a": 0.5, "b": float("nan"), "c": 0.9, "d": None, "e": 0.9, "f": 0.1}
     trials = [SimpleNamespace(trial_id=k, last_result={"env_runners": {"episode_return_mean": v}})
