@@ -462,8 +462,9 @@ def test_two_learners_each_get_whole_episodes_and_learn(ray_session):
     results, algo = train(config, 30)
     algo.stop()
     learner = results[-1]["learners"]["default_policy"]
-    # Each learner's softmax runs over its own shard: 4 whole episodes each on average.
+    # Each learner holds 4 whole episodes on average; the softmax runs over all 8.
     assert learner["num_episodes"] == pytest.approx(4.0)
+    assert learner["listwise_size"] == 8
     assert episode_return(results[-1]) > episode_return(results[0])
 
 
