@@ -156,13 +156,14 @@ class HAEPOTorchLearner(TorchLearner):
         returns = step_logp.new_zeros(num_local).scatter(
             0, episode_index, batch[EPISODE_RETURN].to(step_logp.dtype)
         )
-        # One collective: the per-episode scalars of every learner's episodes.
+        # The per-episode scalars of every learner's episodes: the whole list of M.
         table, shard = gather_episodes(
             torch.stack([
                 per_episode(step_logp), per_episode(ref_step_logp), returns,
                 per_episode(behavior_step_logp), per_episode(step_entropy),
                 per_episode(torch.ones_like(step_logp)),
-            ], dim=1)
+            ], dim=1),
+            distributed=self.config.num_learners > 1,  # RLlib wraps the modules in DDP then
         )
         all_traj_logp, all_ref, all_returns, all_behavior, all_entropy, all_lengths = table.unbind(1)
         episodes = EpisodeBatch(

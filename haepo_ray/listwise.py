@@ -44,24 +44,27 @@ class Shard:
         return slice(self.start, self.start + self.size)
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _comm_device(x: Tensor) -> torch.device:
     """NCCL moves CUDA tensors only, gloo CPU tensors only."""
     return x.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def gather_episodes(local: Tensor) -> tuple[Tensor, Shard]:
+def gather_episodes(local: Tensor, *, distributed: bool) -> tuple[Tensor, Shard]:
     """The rows ``[M_i, C]`` of every learner as one ``[M, C]`` list (learner rank order).
 
+    ``distributed``: whether the learners form a DDP process group (RLlib's criterion:
+    ``num_learners > 1``); otherwise ``local`` is the whole list, even inside some other
+    process group.
+
     ``local`` holds one row of per-episode scalars for each of this learner's episodes; the
-    result is detached, on ``local``'s device. Every learner must call this (a collective)
-    with the same C; a learner without episodes is an error on every learner alike.
+    result is detached, on ``local``'s device. A collective: every learner must call it, with
+    the same C. A learner handed no episodes never gets here (RLlib skips its update) and the
+    others would wait for it, so the caller gives every learner at least one
+    (:func:`haepo_ray.algorithm.update_on_episodes`); an empty row set that does arrive is an
+    error on every learner alike.
     """
     local = local.detach()
-    n = _world_size()
+    n = dist.get_world_size() if distributed else 1
     if n == 1:
         return local, Shard(start=0, size=local.shape[0], num_episodes=local.shape[0], world_size=1)
     device = _comm_device(local)
@@ -85,10 +88,10 @@ def gather_episodes(local: Tensor) -> tuple[Tensor, Shard]:
     return gathered, shard
 
 
-def all_reduce_sum(x: Tensor) -> Tensor:
-    """The sum of ``x`` over all learners (``x`` itself with one learner), detached."""
+def all_reduce_sum(x: Tensor, shard: Shard) -> Tensor:
+    """The sum of ``x`` over the learners of ``shard``'s list (``x`` with one), detached."""
     x = x.detach()
-    if _world_size() == 1:
+    if shard.world_size == 1:
         return x
     total = x.to(_comm_device(x), copy=True)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)

@@ -116,7 +116,8 @@ class GRPOTorchLearner(HAEPOTorchLearner):
         weights = [step_share if name == "clip_fraction" else share for name in diagnostics]
         totals = all_reduce_sum(
             torch.stack([out.loss.detach() * share]
-                        + [value * w for value, w in zip(diagnostics.values(), weights)])
+                        + [value * w for value, w in zip(diagnostics.values(), weights)]),
+            shard,
         )
         # Value: the group's loss; gradient: N * this share, which DDP's mean makes the sum.
         loss = totals[0] + shard.world_size * share * (out.loss - out.loss.detach())
