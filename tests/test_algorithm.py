@@ -453,6 +453,9 @@ def test_trained_module_loads_alone_for_inference(ray_session, tmp_path):
 def test_tune_runs_haepo_by_name(ray_session, tmp_path):
     from ray import tune
 
+    from haepo_ray import register_algorithms
+
+    register_algorithms()
     tuner = tune.Tuner(
         "HAEPO",
         param_space=chain_config(),
