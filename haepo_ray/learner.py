@@ -40,13 +40,12 @@ class EpisodeBatch:
     step_entropy: torch.Tensor  # entropy of the current action distribution, with gradient
     ref_step_logp: torch.Tensor  # under the reference policy (no gradient)
     episode_index: torch.Tensor  # this learner's episode of each timestep, in 0..M_i-1
-    returns: torch.Tensor  # [M_i] discounted returns R_k of this learner's episodes
     beta_ent: float  # current values of the schedules
     beta_kl: float
     shard: Shard  # where this learner's episodes sit in the list of M
     all_traj_logp: torch.Tensor  # [M] L_k of every episode (detached)
     all_ref_traj_logp: torch.Tensor  # [M] L_k^ref
-    all_returns: torch.Tensor  # [M] R_k
+    all_returns: torch.Tensor  # [M] discounted returns R_k
     all_lengths: torch.Tensor  # [M] T_k
 
     def traj_logp(self, step_logp: torch.Tensor) -> torch.Tensor:
@@ -172,7 +171,6 @@ class HAEPOTorchLearner(TorchLearner):
             step_entropy=step_entropy,
             ref_step_logp=ref_step_logp,
             episode_index=episode_index,
-            returns=returns,
             beta_ent=self._beta_ent.value(self._env_steps),
             beta_kl=self._beta_kl.value(self._env_steps),
             shard=shard,

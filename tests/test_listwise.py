@@ -154,6 +154,11 @@ def test_two_learners_make_the_single_learner_update(ray_session, algorithm):
     assert max(float(np.abs(single[k] - start[k]).max()) for k in start) > 1e-3  # it learnt
     for name in single:
         np.testing.assert_allclose(double[name], single[name], rtol=0, atol=1e-10, err_msg=name)
+    # The logged loss and diagnostics are the whole list's on every learner.
+    specific = {"HAEPO": "weight_entropy", "DPO": "preference_accuracy", "GRPO": "clip_fraction"}
+    for key in ("total_loss", "traj_logp_mean", "policy_entropy", "behavior_logp_gap", specific[algorithm]):
+        expected = _peek(single_results, key)[0]
+        assert _peek(double_results, key) == pytest.approx([expected] * 2, rel=1e-5, abs=1e-7), key
     assert _peek(single_results, "listwise_size") == [len(LENGTHS)]
     assert _peek(double_results, "listwise_size") == [len(LENGTHS)] * 2
     # Shards balanced by length: the 40-step episode alone, a shard-local softmax's worst case.
