@@ -149,22 +149,20 @@ class HAEPOTorchLearner(TorchLearner):
             else self._reference_step_logp(module_id, batch)
         )
 
-        def per_episode(step_values: torch.Tensor) -> torch.Tensor:
-            return trajectory_log_likelihood(step_values.detach(), episode_index, num_local)
-
-        returns = step_logp.new_zeros(num_local).scatter(
-            0, episode_index, batch[EPISODE_RETURN].to(step_logp.dtype)
-        )
-        # The per-episode scalars of every learner's episodes: the whole list of M.
+        # Per episode: sums of the step columns (L_k, L_k^ref, L_k^behavior, entropy, T_k)
+        # and the return R_k; then those of every learner's episodes, the whole list of M.
+        steps = torch.stack(
+            [step_logp, ref_step_logp, behavior_step_logp, step_entropy, torch.ones_like(step_logp)], 1
+        ).detach()
+        returns = batch[EPISODE_RETURN].to(steps.dtype)[:, None]  # R_k on every step of k
+        local = torch.cat([
+            steps.new_zeros(num_local, steps.shape[1]).index_add(0, episode_index, steps),
+            steps.new_zeros(num_local, 1).scatter(0, episode_index[:, None], returns),
+        ], dim=1)
         table, shard = gather_episodes(
-            torch.stack([
-                per_episode(step_logp), per_episode(ref_step_logp), returns,
-                per_episode(behavior_step_logp), per_episode(step_entropy),
-                per_episode(torch.ones_like(step_logp)),
-            ], dim=1),
-            distributed=self.config.num_learners > 1,  # RLlib wraps the modules in DDP then
+            local, distributed=self.config.num_learners > 1  # RLlib wraps the modules in DDP then
         )
-        all_traj_logp, all_ref, all_returns, all_behavior, all_entropy, all_lengths = table.unbind(1)
+        all_traj_logp, all_ref, all_behavior, all_entropy, all_lengths, all_returns = table.unbind(1)
         episodes = EpisodeBatch(
             step_logp=step_logp,
             behavior_step_logp=behavior_step_logp,
