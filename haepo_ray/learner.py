@@ -52,7 +52,9 @@ class EpisodeBatch:
         """Per-episode sums of ``step_logp`` over this learner's episodes, shape [M_i]."""
         return trajectory_log_likelihood(step_logp, self.episode_index, self.shard.size)
 
-    def listwise(self, loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Out]) -> tuple[torch.Tensor, Out]:
+    def listwise(
+        self, loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Out]
+    ) -> tuple[torch.Tensor, Out]:
         """``loss_fn(L, L_ref, R)`` over the list of all M episodes, as this learner's loss.
 
         Returns ``(loss, out)``: ``out`` is ``loss_fn`` on the whole list; ``loss`` has its

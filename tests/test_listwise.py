@@ -15,23 +15,28 @@ LENGTHS = (1, 40, 3, 2, 17)
 OBS_DIM = 3
 
 
-def test_listwise_loss_has_the_losss_value_and_gradient_in_one_process():
+def test_learners_shares_average_to_the_gradient_of_the_whole_list():
+    """DDP in one process: each learner's surrogate has the list's loss as its value, and the
+    mean of the learners' gradients is the gradient of the loss of the whole list."""
     torch.manual_seed(0)
     step_logp = torch.randn(12, dtype=torch.float64, requires_grad=True)
     index = torch.tensor([0, 0, 1, 1, 1, 1, 1, 2, 3, 3, 3, 3])
     traj_logp = torch.zeros(4, dtype=torch.float64).index_add(0, index, step_logp)
-    ref, returns = torch.randn(4, dtype=torch.float64), torch.tensor([0.0, 1.0, 5.0, 2.0], dtype=torch.float64)
+    ref = torch.randn(4, dtype=torch.float64)
+    returns = torch.tensor([0.0, 1.0, 5.0, 2.0], dtype=torch.float64)
 
     def loss_fn(L):
         return haepo_loss(L, ref, returns, beta_ent=0.1, beta_kl=0.2)
 
-    shard = Shard(start=0, size=4, num_episodes=4, world_size=1)
-    surrogate, out = listwise_loss(loss_fn, traj_logp, traj_logp.detach(), shard)
-    (grad,) = torch.autograd.grad(surrogate, step_logp, retain_graph=True)
     direct = loss_fn(traj_logp).loss
-    (expected,) = torch.autograd.grad(direct, step_logp)
-    torch.testing.assert_close(surrogate.detach(), direct.detach(), rtol=0, atol=1e-12)
-    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+    (expected,) = torch.autograd.grad(direct, step_logp, retain_graph=True)
+    for shards in ([Shard(0, 4, 4, 1)], [Shard(0, 1, 4, 2), Shard(1, 3, 4, 2)]):
+        grads = []
+        for shard in shards:
+            surrogate, out = listwise_loss(loss_fn, traj_logp[shard.rows], traj_logp.detach(), shard)
+            torch.testing.assert_close(surrogate.detach(), direct.detach(), rtol=0, atol=1e-12)
+            grads.append(torch.autograd.grad(surrogate, step_logp, retain_graph=True)[0])
+        torch.testing.assert_close(sum(grads) / len(shards), expected, rtol=0, atol=1e-12)
     assert float(out.weight_entropy) > 0
 
 
@@ -89,7 +94,9 @@ def _config(algorithm: str, num_learners: int):
         # "behavior": the episodes' own log-probs, unlike the policy's: the KL term acts.
         "HAEPO": HAEPOConfig().training(beta_ent=0.1, beta_kl=0.3, reference_policy="behavior"),
         "DPO": DPOConfig().training(reference_policy="behavior"),
-        "GRPO": GRPOConfig().training(beta_ent=0.05, beta_kl=0.1, clip_param=0.1, reference_policy="behavior"),
+        "GRPO": GRPOConfig().training(
+            beta_ent=0.05, beta_kl=0.1, clip_param=0.1, reference_policy="behavior"
+        ),
     }[algorithm]
     return (
         config.environment(
