@@ -23,6 +23,7 @@ from typing import Any
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
@@ -37,6 +38,7 @@ from ray.rllib.utils.metrics import (
 from haepo_ray.callbacks import EpisodeInfoMetrics
 from haepo_ray.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
+from haepo_ray.learner import TRAINING_ITERATION
 from haepo_ray.loss import NORMALIZATIONS
 from haepo_ray.metrics import MetricsExporter
 from haepo_ray.schedules import ScheduleSpec, parse_schedule
@@ -85,8 +87,9 @@ class HAEPOConfig(AlgorithmConfig):
             reward_normalization: ``"zscore"``, ``"sum"`` or ``"none"``.
             reference_policy: ``"lagged"`` (default), ``"initial"`` or ``"behavior"``;
                 see :class:`haepo_ray.learner.HAEPOTorchLearner`.
-            reference_update_interval: training iterations between refreshes of the
-                ``"lagged"`` reference.
+            reference_update_interval: training iterations (``train()`` calls, however
+                many updates and ``num_epochs`` gradient steps each runs) between refreshes
+                of the ``"lagged"`` reference.
             kwargs: ``gamma``, ``lr``, ``grad_clip``, ``num_epochs`` (gradient steps per
                 batch) and the rest of ``AlgorithmConfig.training``.
         """
@@ -136,7 +139,14 @@ class HAEPOConfig(AlgorithmConfig):
         if self.num_learners > self.episodes_per_batch:
             self._value_error(
                 f"HAEPO: num_learners ({self.num_learners}) must be <= episodes_per_batch "
-                f"({self.episodes_per_batch}): every learner needs at least one episode"
+                f"({self.episodes_per_batch}): every learner needs at least one whole episode"
+            )
+        recurrent = [key for key in ("use_lstm", "use_attention") if self.model_config.get(key)]
+        if recurrent:
+            self._value_error(
+                f"HAEPO: model_config {recurrent[0]}=True makes a stateful (recurrent) RLModule, "
+                "which HAEPO does not support (its loss sums log-probabilities over flat "
+                "timesteps, not zero-padded sequences); use a stateless model"
             )
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
@@ -153,6 +163,30 @@ class HAEPOConfig(AlgorithmConfig):
 def split_evenly(total: int, parts: int) -> list[int]:
     """``total`` split into ``parts`` integers that differ by at most one."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def update_on_episodes(
+    learner_group: LearnerGroup, episodes: list, *, timesteps: dict[str, Any], num_epochs: int
+) -> list[dict]:
+    """One update of ``learner_group`` on ``episodes``, every learner getting whole episodes.
+
+    RLlib's own sharding may cut an episode in two or leave a learner without data (which
+    would stall the others in the listwise gather): with several learners each one gets a
+    non-empty list of whole episodes, and fewer episodes than learners is an error.
+    """
+    num_learners = len(learner_group)
+    if num_learners <= 1:
+        return learner_group.update(episodes=episodes, timesteps=timesteps, num_epochs=num_epochs)
+    if len(episodes) < num_learners:
+        raise ValueError(
+            f"HAEPO: a batch of {len(episodes)} episodes cannot be shared by {num_learners} "
+            "learners: every learner needs at least one whole episode (set episodes_per_batch "
+            ">= num_learners)"
+        )
+    shards = shard_whole_episodes(episodes, num_learners)
+    return learner_group.update(
+        episodes_refs=[ray.put(shard) for shard in shards], timesteps=timesteps, num_epochs=num_epochs
+    )
 
 
 def shard_whole_episodes(episodes: list, num_shards: int) -> list[list]:
@@ -194,21 +228,13 @@ class HAEPO(Algorithm):
         timesteps = {
             NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
                 (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
-            )
+            ),
+            TRAINING_ITERATION: self.iteration,  # completed train() calls
         }
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
-            if self.config.num_learners > 1:
-                # RLlib's own sharding may cut an episode in two; hand each learner whole ones.
-                shards = shard_whole_episodes(episodes, self.config.num_learners)
-                learner_results = self.learner_group.update(
-                    episodes_refs=[ray.put(shard) for shard in shards],
-                    timesteps=timesteps,
-                    num_epochs=self.config.num_epochs,
-                )
-            else:
-                learner_results = self.learner_group.update(
-                    episodes=episodes, timesteps=timesteps, num_epochs=self.config.num_epochs
-                )
+            learner_results = update_on_episodes(
+                self.learner_group, episodes, timesteps=timesteps, num_epochs=self.config.num_epochs
+            )
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
 
         with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):

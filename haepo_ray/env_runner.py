@@ -24,9 +24,11 @@ Speed: RLlib's sampling loop runs its env-to-module and module-to-env connector 
 and times each piece, at every env step; on CartPole that is most of the sampling time. For
 the common case (one agent, a stateless RLModule, RLlib's default connectors, a Box
 observation space, callbacks without per-step hooks) this runner samples on a lean path
-instead: one batched forward pass over its envs per step, actions drawn and scored as
-RLlib's ``GetActions`` and ``NormalizeAndClipActions`` do, and each finished episode built
-once as a ``SingleAgentEpisode``. Episodes are assigned to envs in the order they start (the
+instead: one batched forward pass over its envs per step (observations converted as
+RLlib's ``NumpyToTensor`` does: float64 to float32, other dtypes such as uint8 images kept,
+on the module's device, CPU or GPU), actions drawn and scored as RLlib's ``GetActions`` and
+``NormalizeAndClipActions`` do, and each finished episode built once as a
+``SingleAgentEpisode``. Episodes are assigned to envs in the order they start (the
 first n episodes to start are the batch): which episodes count never depends on their own
 length, so the batch is unbiased, and an env that is done waits without stepping. Any other
 configuration samples through RLlib's loop with the rounds described above.
@@ -48,6 +50,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
+from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 RNG_STATE = "haepo_rng_state"
 logger = logging.getLogger(__name__)
@@ -184,7 +187,10 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
                 env.reset(seed=env_seed)
         while running:
             ids = list(running)
-            obs = torch.from_numpy(np.stack([running[i].observations[-1] for i in ids]).astype(np.float32))
+            # As RLlib's NumpyToTensor: float64 -> float32, other dtypes (uint8 images) kept,
+            # on the module's device; the learner's batch goes through the same conversion.
+            obs = convert_to_torch_tensor(np.stack([running[i].observations[-1] for i in ids]),
+                                          device=self._device)
             with torch.no_grad():
                 out = (self.module.forward_exploration({Columns.OBS: obs}, t=self.num_env_steps_sampled_lifetime + steps)
                        if explore else self.module.forward_inference({Columns.OBS: obs}))
@@ -193,8 +199,8 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
                     dist = dist.to_deterministic()
                 actions = dist.sample()
                 logp = dist.logp(actions)
-            actions, logp = actions.numpy(), logp.numpy()
-            dist_inputs = out[Columns.ACTION_DIST_INPUTS].numpy()
+            actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
+            dist_inputs = out[Columns.ACTION_DIST_INPUTS].cpu().numpy()
             for row, i in enumerate(ids):
                 action = actions[row]
                 if self.config.normalize_actions:

@@ -266,6 +266,41 @@ def test_default_reference_makes_the_kl_term_act(ray_session):
     assert max(kls[1:]) > 1e-4
 
 
+def test_lagged_reference_refreshes_every_n_training_iterations(ray_session):
+    """reference_update_interval counts train() calls, not updates: with several updates per
+    iteration and interval 2, the reference is the policy after iterations 0, 2, 4."""
+    config = (chain_config().training(reference_update_interval=2)
+              .reporting(min_sample_timesteps_per_iteration=100))
+    algo = config.build_algo()
+
+    def weights_and_reference() -> tuple[dict, dict, int]:
+        state = algo.learner_group.get_state()["learner"]  # numpy views of the live tensors
+        ref = state["haepo_reference"]
+        copy = lambda arrays: {k: np.array(v) for k, v in arrays.items()}  # noqa: E731
+        return copy(state["rl_module"]["default_policy"]), copy(ref["modules"]["default_policy"]), ref["num_updates"]
+
+    try:
+        weights, references = [weights_and_reference()[0]], []
+        for _ in range(5):
+            algo.train()
+            w, ref, num_updates = weights_and_reference()
+            weights.append(w)
+            references.append(ref)
+    finally:
+        algo.stop()
+    assert num_updates >= 15  # >= 3 updates per iteration
+    for iteration, expected in zip(range(1, 6), [0, 0, 2, 2, 4]):
+        for name, value in references[iteration - 1].items():
+            np.testing.assert_array_equal(value, weights[expected][name], err_msg=f"{iteration} {name}")
+    assert any(not np.array_equal(weights[2][k], weights[0][k]) for k in weights[0])
+
+
+def test_recurrent_modules_fail_validation():
+    config = HAEPOConfig().environment(CHAIN).rl_module(model_config={"use_lstm": True})
+    with pytest.raises(ValueError, match="use_lstm.*stateful"):
+        config.validate()
+
+
 def test_behavior_reference_is_inert_with_one_gradient_step(ray_session):
     results, algo = train(chain_config().training(reference_policy="behavior", num_epochs=1), 3)
     algo.stop()
@@ -465,8 +500,9 @@ def test_two_learners_each_get_whole_episodes_and_learn(ray_session):
     results, algo = train(config, 30)
     algo.stop()
     learner = results[-1]["learners"]["default_policy"]
-    # Each learner's softmax runs over its own shard: 4 whole episodes each on average.
+    # Each learner holds 4 whole episodes on average; the softmax runs over all 8.
     assert learner["num_episodes"] == pytest.approx(4.0)
+    assert learner["listwise_size"] == 8
     assert episode_return(results[-1]) > episode_return(results[0])
 
 

@@ -383,6 +383,9 @@ def test_grpo_learns_the_chain_mdp(ray_session):
 def test_tune_runs_dpo_by_name(ray_session, tmp_path):
     from ray import tune
 
+    from haepo_ray import register_algorithms
+
+    register_algorithms()  # explicit: nothing registers on import
     grid = tune.Tuner(
         "DPO",
         param_space=_chain(DPOConfig).training(dpo_beta=0.2),

@@ -19,8 +19,8 @@ of M complete episodes of every training iteration::
   from 0 on every (every n-th) batch: an iterated, on-policy DPO.
 - ``beta_ent`` and ``beta_kl`` (HAEPO's regularisers) are not part of DPO: they default to 0
   and validation rejects other values.
-- With ``num_learners > 1`` each learner pairs only its own whole episodes (HAEPO's
-  per-shard list).
+- With ``num_learners > 1`` the pairs are those of the whole batch, whichever learner holds
+  each episode (HAEPO's listwise loss across learners, :mod:`haepo_ray.listwise`).
 
 See :func:`haepo_ray.baselines.losses.dpo_loss` for the loss itself.
 """
@@ -28,6 +28,7 @@ See :func:`haepo_ray.baselines.losses.dpo_loss` for the loss itself.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import NotProvided
@@ -85,11 +86,6 @@ class DPOTorchLearner(HAEPOTorchLearner):
     """HAEPO's learner with the DPO loss (same sampling, reference policy and metrics)."""
 
     def episode_loss(self, episodes: EpisodeBatch, config: DPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
-        out = dpo_loss(
-            episodes.traj_logp(episodes.step_logp),
-            episodes.traj_logp(episodes.ref_step_logp),
-            episodes.returns,
-            beta=config.dpo_beta,
-        )
-        return out.loss, out.diagnostics()
+        loss, out = episodes.listwise(partial(dpo_loss, beta=config.dpo_beta))
+        return loss, out.diagnostics()
 

@@ -25,8 +25,11 @@ the batch of M complete episodes of every training iteration being the group::
 - The reference is HAEPO's default ``"lagged"``: a frozen copy refreshed every
   ``reference_update_interval`` iterations, as in DeepSeekMath's iterative GRPO
   (Algorithm 1 sets pi_ref <- pi_theta at every outer iteration).
-- With ``num_learners > 1`` each learner's whole episodes form its own group (HAEPO's
-  per-shard list).
+- With ``num_learners > 1`` the group is still the whole batch. The loss is a mean over the
+  M episodes of per-episode terms that depend on the other episodes only through A_k, so
+  each learner computes the advantages from all M returns and its episodes' share of the
+  mean: ``grpo_loss`` on its own episodes (a mean over its M_i) times M_i / M. The shares
+  sum to the loss of the group, and N learners make the update one learner makes.
 
 See :func:`haepo_ray.baselines.losses.grpo_loss` for the loss itself.
 """
@@ -35,12 +38,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from ray.rllib.algorithms.algorithm_config import NotProvided
 from torch import Tensor
 
 from haepo_ray.algorithm import HAEPO, HAEPOConfig
 from haepo_ray.baselines.losses import grpo_loss
 from haepo_ray.learner import EpisodeBatch, HAEPOTorchLearner
+from haepo_ray.listwise import all_reduce_sum
+from haepo_ray.loss import normalize_returns
 
 __all__ = ["GRPO", "GRPOConfig", "GRPOTorchLearner"]
 
@@ -87,17 +93,33 @@ class GRPOTorchLearner(HAEPOTorchLearner):
     """HAEPO's learner with the GRPO loss (same sampling, reference policy and metrics)."""
 
     def episode_loss(self, episodes: EpisodeBatch, config: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+        shard = episodes.shard
+        # The group is the batch: advantages from all M returns, each episode weighing 1/M.
+        advantage = normalize_returns(episodes.all_returns, config.reward_normalization)
         out = grpo_loss(
             episodes.step_logp,
             episodes.behavior_step_logp,
             episodes.ref_step_logp,
             episodes.step_entropy,
             episodes.episode_index,
-            episodes.returns,
+            advantage[shard.rows],
             clip_param=config.clip_param,
             beta_kl=episodes.beta_kl,
             beta_ent=episodes.beta_ent,
-            normalization=config.reward_normalization,
+            normalization="none",
         )
-        return out.loss, out.diagnostics()
+        # out is a mean over this learner's M_i episodes (clip_fraction: over its steps);
+        # weighted by M_i / M (steps / all steps) the learners' values sum to the group's.
+        share = shard.size / shard.num_episodes
+        step_share = episodes.step_logp.numel() / float(episodes.all_lengths.sum())
+        diagnostics = out.diagnostics()
+        weights = [step_share if name == "clip_fraction" else share for name in diagnostics]
+        totals = all_reduce_sum(
+            torch.stack([out.loss.detach() * share]
+                        + [value * w for value, w in zip(diagnostics.values(), weights)]),
+            shard,
+        )
+        # Value: the group's loss; gradient: N * this share, which DDP's mean makes the sum.
+        loss = totals[0] + shard.world_size * share * (out.loss - out.loss.detach())
+        return loss, dict(zip(diagnostics, totals[1:]))
 
