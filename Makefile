@@ -6,8 +6,10 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Two pytest-xdist workers: most test time waits on processes (Ray, MLflow servers, trials).
+# Whole files per worker: module-scoped fixtures (the 3-node cluster, the report's sweep)
+# start once.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 .PHONY: help setup browser prometheus demo test test-all bench clean
 

@@ -36,9 +36,6 @@ from haepo_ray import cli, jobs
 from haepo_ray.cli import jobs as jobs_cli
 from haepo_ray.cli import UsageError
 
-# One worker under pytest-xdist runs this module: its cluster fixture starts once.
-pytestmark = pytest.mark.xdist_group("cluster")
-
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "cluster" / "local"
 SMOKE = REPO / "tune_configs" / "smoke.yaml"

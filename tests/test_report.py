@@ -23,9 +23,6 @@ from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
 from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.runner import run_sweep
 
-# One worker under pytest-xdist runs this module: its sweep (the store fixture) runs once.
-pytestmark = pytest.mark.xdist_group("report")
-
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("HAEPO_TEST_ARTIFACTS", REPO / ".haepo" / "test-artifacts"))
 SPEC = {
