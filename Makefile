@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Whole files per worker: module-scoped fixtures (the 3-node cluster, the report's sweep)
 # start once.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 .PHONY: help setup browser prometheus demo test test-all bench clean
 
