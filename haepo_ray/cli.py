@@ -173,6 +173,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     add_sweep_parser(sub)
     add_job_parsers(sub)
+    from haepo_ray.llm.cli import add_parser as add_llm_parser
+    add_llm_parser(sub)
     return parser
 
 
