@@ -81,13 +81,19 @@ def sentence_encoder() -> Any:
     return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
 
+_EMBEDDINGS: dict[str, Any] = {}  # text -> unit embedding: the reward and the metrics embed the same texts
+
+
 def semantic_similarity(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
     """Cosine similarity of each prediction's and reference's MiniLM embeddings."""
-    encoder = sentence_encoder()
-    emb = encoder.encode(list(predictions) + list(references), convert_to_tensor=True,
-                         normalize_embeddings=True)
-    n = len(predictions)
-    return (emb[:n] * emb[n:]).sum(-1).tolist()
+    texts = list(dict.fromkeys((*predictions, *references)))
+    if len(_EMBEDDINGS) + len(texts) > 8192:
+        _EMBEDDINGS.clear()
+    new = [t for t in texts if t not in _EMBEDDINGS]
+    if new:
+        vectors = sentence_encoder().encode(new, convert_to_tensor=True, normalize_embeddings=True)
+        _EMBEDDINGS.update(zip(new, vectors))
+    return [float((_EMBEDDINGS[p] * _EMBEDDINGS[r]).sum()) for p, r in zip(predictions, references, strict=True)]
 
 
 def rouge_l(prediction: str, reference: str) -> float:
@@ -103,18 +109,30 @@ def _rouge_scorer() -> Any:
 
 
 def profanity_rate(texts: Sequence[str]) -> float:
-    """Fraction of texts with a word from better-profanity's list."""
-    from better_profanity import profanity
+    """Fraction of texts containing a word or phrase of better-profanity's list (lower-cased words).
 
-    _load_profanity_words()
-    return sum(profanity.contains_profanity(t) for t in texts) / len(texts) if texts else 0.0
+    Matches the list's entries as word sequences; better-profanity's own ``contains_profanity``
+    also tries character variants, at ~50 ms a text, too slow to run on every update.
+    """
+    if not texts:
+        return 0.0
+    phrases, longest = _profanity_phrases()
+    hits = 0
+    for text in texts:
+        words = _words(text)
+        hits += any(" ".join(words[i:i + n]) in phrases
+                    for n in range(1, longest + 1) for i in range(len(words) - n + 1))
+    return hits / len(texts)
 
 
 @functools.cache
-def _load_profanity_words() -> None:
-    from better_profanity import profanity
-
-    profanity.load_censor_words()
+def _profanity_phrases() -> tuple[frozenset[str], int]:
+    spec = importlib.util.find_spec("better_profanity")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the profanity rate needs the 'better-profanity' package (`make setup` installs it)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "profanity_wordlist.txt"
+    phrases = frozenset(" ".join(_words(line)) for line in path.read_text().splitlines() if _words(line))
+    return phrases, max(p.count(" ") + 1 for p in phrases)
 
 
 def check_rewards(rewards: Sequence[float], completions: Sequence[str]) -> list[float]:

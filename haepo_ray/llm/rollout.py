@@ -154,7 +154,8 @@ def token_stats(model: Any, batch: Batch, with_entropy: bool = False) -> tuple[T
     logits = model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
         logits_to_keep=width + 1, use_cache=False,
-    ).logits[:, :-1].float()  # position P - 1 + t predicts completion token t
+    ).logits[:, :-1]  # position P - 1 + t predicts completion token t
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32
     targets = batch.input_ids[:, -width:]
     log_norm = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class LLMTrainSettings:
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if torch.device(self.device).type not in ("cpu", "cuda"):
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         for name in ("lr", "sft_lr", "temperature"):
             if not 0 < getattr(self, name) < math.inf:
@@ -239,6 +240,8 @@ def train(settings: LLMTrainSettings, out_dir: str | Path, *, reward_fn: RewardF
     ``reward_fn`` replaces the paper's :class:`SummaryReward` (tests use a verifiable one);
     ``callback`` receives every metric row as it is written (part 2 reports them live).
     """
+    if settings.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {settings.device!r}: this torch build sees no CUDA device")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
