@@ -32,7 +32,8 @@ def cmd_llm_train(args: argparse.Namespace) -> int:
             seed=args.seed, device=args.device, dtype=args.dtype, lr=args.lr, sft_lr=args.sft_lr,
             beta_ent=args.beta_ent, beta_kl=args.beta_kl, length_normalize=args.length_normalize,
             weight_temperature=args.weight_temperature, max_new_tokens=args.max_new_tokens,
-            min_new_tokens=args.min_new_tokens, micro_batch_size=args.micro_batch_size,
+            min_new_tokens=args.min_new_tokens, max_source_words=args.max_source_words,
+            micro_batch_size=args.micro_batch_size,
             eval_prompts=args.eval_prompts, eval_every=args.eval_every,
         )
     except ValueError as err:
@@ -77,6 +78,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--weight-temperature", type=float, default=1.0, help="HAEPO: weights from L_k / tau")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--min-new-tokens", type=int, default=1)
+    p.add_argument("--max-source-words", type=int, default=300, help="cut each source text to N words")
     p.add_argument("--micro-batch-size", type=int, default=1,
                    help="completions per backward pass (default 1; 0 = the whole update at once)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for generations.jsonl")
