@@ -33,23 +33,24 @@ def _run(settings_kwargs: dict, out_dir: str) -> None:
     train(LLMTrainSettings(**settings_kwargs), out_dir)
 
 
-def run_algorithm(algo: str, args: argparse.Namespace, out: Path) -> dict:
+def run_algorithm(label: str, args: argparse.Namespace, out: Path) -> dict:
+    algo, _, micro = label.partition(":")
     kwargs = dict(algo=algo, model=args.model, device=args.device, dtype=args.dtype, sft_examples=0,
                   rl_updates=args.updates, batch_prompts=args.batch_prompts, group_size=args.group_size,
                   max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                  micro_batch_size=args.micro_batch_size, eval_prompts=1, seed=args.seed,
+                  micro_batch_size=int(micro) if micro else args.micro_batch_size, eval_prompts=1, seed=args.seed,
                   max_source_words=args.source_words)
-    run_dir = out / algo
+    run_dir = out / label.replace(":", "-mb")
     process = multiprocessing.get_context("spawn").Process(target=_run, args=(kwargs, str(run_dir)))
     process.start()
     process.join()
     if process.exitcode != 0:
-        raise SystemExit(f"{algo} failed (exit code {process.exitcode})")
+        raise SystemExit(f"{label} failed (exit code {process.exitcode})")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
     peaks = {p: max(r["peak_memory_mb"][p] for r in rl) for p in PHASES}
     times = [r["time_s"] for r in rl[1:]] or [rl[0]["time_s"]]
-    return {"algo": algo, "peak_mb": peaks, "overall_peak_mb": max(peaks.values()),
+    return {"algo": label, "peak_mb": peaks, "overall_peak_mb": max(peaks.values()),
             "time_per_update_s": statistics.median(times), "reward_mean": statistics.mean(r["reward_mean"] for r in rl)}
 
 
@@ -69,7 +70,8 @@ def main() -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--algos", nargs="+", default=["HAEPO", "GRPO", "DPO"])
+    parser.add_argument("--algos", nargs="+", default=["HAEPO", "GRPO", "DPO"],
+                        help="ALGO or ALGO:K (K completions per backward pass for that run only)")
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--batch-prompts", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)

@@ -91,7 +91,7 @@ def test_haepo_gradient_through_the_lm_matches_finite_differences(tiny_lm, monke
     numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
     analytic = float(grads @ torch.cat([d.flatten() for d in direction]))
     assert abs(analytic) > 1e-4
-    assert abs(numeric - analytic) <= 1e-6 * abs(analytic)
+    assert abs(numeric - analytic) <= 1e-8 * abs(analytic)  # measured 5e-11
 
 
 def test_dpo_on_gold_and_samples_is_the_mean_over_gold_vs_sample_pairs(tiny_lm):
