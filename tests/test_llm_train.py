@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -107,8 +110,6 @@ def test_cli_usage_errors(tmp_path, capsys, argv, message):
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("haepo llm: error: ")
-    import re
-
     assert re.search(message, err), err
 
 
@@ -119,3 +120,11 @@ def test_smollm2_on_aclsum_end_to_end(tmp_path):
     rl = [r for r in rows if r["phase"] == "rl"]
     assert len(rl) == 2 and all(0 < r["reward_mean"] <= 1 for r in rl)
     assert len((tmp_path / "generations.jsonl").read_text().splitlines()) == 1
+
+
+def test_llm_modules_import_neither_ray_nor_transformers():
+    code = ("import sys, haepo_ray.llm.train, haepo_ray.llm.cli; "
+            "print(sorted(m for m in ('ray', 'transformers', 'sentence_transformers') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
