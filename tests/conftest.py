@@ -32,6 +32,21 @@ def ray_session():
     ray.shutdown()
 
 
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """A random 2-layer Llama in float64 with a word-level tokenizer trained on a few sentences.
+
+    Shared by the LM tests: they must not change its weights, and zero its gradients.
+    """
+    from haepo_ray.llm.models import tiny_model
+
+    texts = ["the model writes a short summary of the paper", "we propose a method for parsing",
+             "results show the method improves accuracy", "a cat sat on the mat"]
+    model, tokenizer = tiny_model(texts, seed=0, vocab_size=64, hidden_size=16)
+    return model.double().eval(), tokenizer
+
+
 # The modules that take longest, longest first (measured with --durations; the 3-node
 # cluster leads). Under pytest-xdist each module runs whole on one worker (--dist loadfile,
 # --no-loadscope-reorder): starting the long ones first keeps one of them from running

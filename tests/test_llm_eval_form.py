@@ -15,7 +15,7 @@ import pytest
 from chromium import headless_chromium
 
 from haepo_ray.cli import UsageError
-from haepo_ray.llm.eval_cli import add_parsers
+from haepo_ray.cli.llm_eval import add_parsers
 from haepo_ray.llm.eval_form import (
     GENERATIONS, generations_from_mlflow, pick_posts, read_generations, rouge_l, write_form)
 from haepo_ray.llm.eval_page import ANSWER_COLUMNS

@@ -30,7 +30,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from haepo_ray.cli import jobs, report, sweep, train
+    from haepo_ray.cli import jobs, llm, report, sweep, train
 
     parser = argparse.ArgumentParser(
         prog="haepo", description="HAEPO on Ray: train, sweep and track experiments."
@@ -42,6 +42,7 @@ def make_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     sweep.add_parser(sub)
     jobs.add_parsers(sub)
+    llm.add_parser(sub)
     return parser
 
 

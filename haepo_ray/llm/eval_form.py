@@ -22,13 +22,13 @@ import csv
 import hashlib
 import json
 import random
-import re
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from haepo_ray.llm.rewards import rouge_l
 from haepo_ray.names import PARENT_RUN, ROLE
 
 GENERATIONS = "generations.jsonl"
@@ -178,24 +178,6 @@ def _latest_per_run(records: Iterable[Generation]) -> dict[str, dict[str, Genera
         if old is None or rec.update > old.update:
             runs[rec.prompt_id] = rec
     return latest
-
-
-def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F1 (Lin 2004): longest common subsequence of lower-cased alphanumeric words."""
-    pred, ref = _words(prediction), _words(reference)
-    if not pred or not ref:
-        return 0.0
-    row = [0] * (len(ref) + 1)
-    for word in pred:
-        prev = 0
-        for j, other in enumerate(ref, 1):
-            prev, row[j] = row[j], prev + 1 if word == other else max(row[j], row[j - 1])
-    lcs = row[-1]
-    return 0.0 if lcs == 0 else 2 * lcs / (len(pred) + len(ref))
-
-
-def _words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
 
 
 def key_rows(pages: Sequence[Post]) -> list[dict[str, str]]:

@@ -1,0 +1,213 @@
+"""Summarisation data: ACLSum (offline default), Reddit TL;DR, the prompt, the SFT/RL split.
+
+An :class:`Example` is one (source text -> gold summary) pair with the instruction that asks
+for it. ACLSum (the ``aclsum`` package's JSONL, read directly) gives three pairs per paper:
+the abstract summarised for its challenge, approach and outcome. TL;DR comes from a local
+JSONL/parquet file or a Hugging Face ``datasets`` id, in any of the common schemas
+(:data:`TLDR_SCHEMAS`). The paper's "50-50 split" of examples into an SFT half and an RL half
+is :func:`split_examples`, after holding out evaluation prompts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ACLSUM_ASPECTS",
+    "TLDR_SCHEMAS",
+    "Example",
+    "Splits",
+    "format_prompt",
+    "load_aclsum",
+    "load_examples",
+    "load_tldr",
+    "split_examples",
+]
+
+ACLSUM_ASPECTS: tuple[str, ...] = ("challenge", "approach", "outcome")
+TLDR_INSTRUCTION = "Summarize this Reddit post in one sentence (TL;DR)."
+# (source key, summary key) of the TL;DR layouts in use: webis/tldr-17 (content, summary),
+# the filtered OpenAI TL;DR (post, summary), CarperAI's SFT set (prompt, label), trl-lib's
+# (prompt, completion). The first layout whose two keys a row has is used.
+TLDR_SCHEMAS: tuple[tuple[str, str], ...] = (
+    ("post", "summary"),
+    ("content", "summary"),
+    ("prompt", "label"),
+    ("prompt", "completion"),
+)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One summarisation task: ``instruction`` applied to ``source``; ``reference`` is gold."""
+
+    prompt_id: str
+    instruction: str
+    source: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Disjoint example sets: supervised warm-up, RL prompts, held-out evaluation prompts."""
+
+    sft: tuple[Example, ...]
+    rl: tuple[Example, ...]
+    eval: tuple[Example, ...]
+
+
+def _aclsum_dir() -> Path:
+    spec = importlib.util.find_spec("aclsum")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "the ACLSum data needs the 'aclsum' package: `make setup` installs it "
+            "(or `pip install aclsum==0.1.2`)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "dataset"
+
+
+def _text(row: Mapping[str, Any], key: str, where: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: {key!r} must be a non-empty string, got {value!r:.80}")
+    return value.strip()
+
+
+def load_aclsum(
+    splits: Sequence[str] = ("train", "val", "test"), root: str | Path | None = None
+) -> list[Example]:
+    """ACLSum's abstract -> one-sentence summary pairs, one per paper and aspect."""
+    root = Path(root) if root is not None else _aclsum_dir()
+    examples = []
+    for split in splits:
+        path = root / f"{split}.jsonl"
+        if not path.is_file():
+            raise ValueError(f"ACLSum split {split!r}: no file {path}")
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err})") from None
+            abstract = row.get("sentences", {}).get("abstract") if isinstance(row, dict) else None
+            if not isinstance(abstract, list) or not abstract or not all(isinstance(s, str) for s in abstract):
+                raise ValueError(f"{where}: 'sentences.abstract' must be a non-empty list of strings")
+            summary = row.get("summary")
+            if not isinstance(summary, dict):
+                raise ValueError(f"{where}: 'summary' must be an object with keys {ACLSUM_ASPECTS}")
+            paper = _text(row, "id", where)
+            for aspect in ACLSUM_ASPECTS:
+                examples.append(Example(
+                    prompt_id=f"aclsum/{paper}/{aspect}",
+                    instruction=f"Summarize the {aspect} of this paper abstract in one sentence.",
+                    source=" ".join(s.strip() for s in abstract),
+                    reference=_text(summary, aspect, f"{where} summary"),
+                ))
+    return examples
+
+
+def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    path = Path(path_or_id)
+    if path.suffix == ".jsonl" or path.suffix == ".json":
+        if not path.is_file():
+            raise ValueError(f"TL;DR file {path} does not exist")
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    yield f"{path}:{line_no}", json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line_no}: not valid JSON ({err})") from None
+        return
+    import datasets
+
+    if path.suffix == ".parquet":
+        if not path.is_file():
+            raise ValueError(f"TL;DR file {path} does not exist")
+        table = datasets.Dataset.from_parquet(str(path))
+    else:
+        try:
+            table = datasets.load_dataset(path_or_id, split=split)
+        except Exception as err:  # noqa: BLE001 - datasets raises many types for a missing id
+            raise ValueError(
+                f"TL;DR data {path_or_id!r} is neither a .jsonl/.parquet file nor a loadable "
+                f"datasets id (split {split!r}): {err}"
+            ) from None
+    for i, row in enumerate(table):
+        yield f"{path_or_id}[{i}]", row
+
+
+def load_tldr(path_or_id: str, split: str = "train") -> list[Example]:
+    """Reddit TL;DR pairs from a local ``.jsonl``/``.parquet`` file or a ``datasets`` id."""
+    examples = []
+    for where, row in _tldr_rows(path_or_id, split):
+        if not isinstance(row, Mapping):
+            raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+        schema = next((keys for keys in TLDR_SCHEMAS if all(k in row for k in keys)), None)
+        if schema is None:
+            raise ValueError(
+                f"{where}: no known TL;DR layout; expected one of the key pairs "
+                f"{', '.join('/'.join(keys) for keys in TLDR_SCHEMAS)}, got keys {sorted(row)}"
+            )
+        source = _text(row, schema[0], where)
+        if schema[0] == "prompt":  # "SUBREDDIT: ... POST: ...\nTL;DR:" -> the post part
+            source = source.removesuffix("TL;DR:").strip()
+        elif "title" in row and isinstance(row["title"], str):
+            source = f"{row['title'].strip()}\n{source}"
+        row_id = row.get("id")
+        examples.append(Example(
+            prompt_id=f"tldr/{row_id if row_id is not None else where}",
+            instruction=TLDR_INSTRUCTION,
+            source=source,
+            reference=_text(row, schema[1], where),
+        ))
+    if not examples:
+        raise ValueError(f"TL;DR data {path_or_id!r} has no rows")
+    return examples
+
+
+def load_examples(data: str) -> list[Example]:
+    """``"aclsum"`` or ``"tldr:PATH_OR_ID"`` -> its examples."""
+    if data == "aclsum":
+        return load_aclsum()
+    kind, sep, target = data.partition(":")
+    if kind == "tldr" and sep and target:
+        return load_tldr(target)
+    raise ValueError(f"data must be 'aclsum' or 'tldr:PATH_OR_ID', got {data!r}")
+
+
+def split_examples(examples: Sequence[Example], num_eval: int, seed: int) -> Splits:
+    """Shuffle with ``seed``, hold out ``num_eval`` prompts, halve the rest into SFT and RL."""
+    if num_eval < 1 or len(examples) < num_eval + 2:
+        raise ValueError(
+            f"need num_eval >= 1 and at least num_eval + 2 examples, got num_eval={num_eval} "
+            f"and {len(examples)} examples"
+        )
+    shuffled = list(examples)
+    random.Random(seed).shuffle(shuffled)
+    held_out, rest = shuffled[:num_eval], shuffled[num_eval:]
+    half = len(rest) // 2
+    return Splits(sft=tuple(rest[:half]), rl=tuple(rest[half:]), eval=tuple(held_out))
+
+
+def format_prompt(example: Example, tokenizer: Any, max_source_words: int | None = None) -> str:
+    """The prompt text: the chat template's user turn where the tokenizer has one, else plain.
+
+    The source is cut to its first ``max_source_words`` words (Reddit posts can be long).
+    """
+    source = example.source
+    if max_source_words is not None and len(words := source.split()) > max_source_words:
+        source = " ".join(words[:max_source_words])
+    message = f"{example.instruction}\n\n{source}"
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+    return f"{message}\nTL;DR:"

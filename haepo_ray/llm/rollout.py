@@ -1,0 +1,178 @@
+"""Completions as token batches, and their log-likelihoods L_k.
+
+A :class:`Batch` holds prompt + completion token rows: prompts left-padded to a common width
+P, completions right-padded to T, so every completion starts at column P. ``completion_mask``
+marks a completion's tokens up to and including its first EOS; what follows is padding (some
+tokenizers pad with the EOS token itself, so the mask comes from the first EOS, never from
+the pad id). Position ids come from the attention mask, so L_k does not depend on how much
+padding a row carries on either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Batch",
+    "completion_batch",
+    "concat_batches",
+    "generate",
+    "sequence_logp",
+    "token_stats",
+]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """N prompt + completion rows; row i answers prompt ``prompt_index[i]`` of the update."""
+
+    input_ids: Tensor  # [N, P + T]
+    attention_mask: Tensor  # [N, P + T]
+    completion_mask: Tensor  # [N, T] bool: completion tokens up to and including the first EOS
+    prompt_index: Tensor  # [N] long
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.completion_mask.shape[1]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: Tensor | slice) -> Batch:
+        return Batch(self.input_ids[index], self.attention_mask[index],
+                     self.completion_mask[index], self.prompt_index[index])
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
+                                              self.completion_mask, self.prompt_index)))
+
+
+def _encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    if any(not r for r in rows):
+        raise ValueError("a prompt encodes to no tokens")
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def _until_first_eos(completion_ids: Tensor, eos_token_id: int | Sequence[int]) -> Tensor:
+    eos = torch.isin(completion_ids, torch.as_tensor(eos_token_id, device=completion_ids.device))
+    before = eos.long().cumsum(dim=1) - eos.long()  # EOS tokens strictly before each column
+    return before == 0
+
+
+def _batch(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
+           prompt_index: Tensor) -> Batch:
+    return Batch(
+        input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+        attention_mask=torch.cat([prompt_mask, completion_mask.long()], dim=1),
+        completion_mask=completion_mask,
+        prompt_index=prompt_index,
+    )
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return ids or [tokenizer.eos_token_id]
+
+
+@torch.no_grad()
+def generate(
+    model: Any, tokenizer: Any, prompts: Sequence[str], *, group_size: int, max_new_tokens: int,
+    min_new_tokens: int = 1, temperature: float = 1.0, greedy: bool = False,
+) -> tuple[Batch, list[str]]:
+    """``group_size`` sampled completions per prompt (pure sampling: no top-k/top-p) and their texts."""
+    device = next(model.parameters()).device
+    ids, mask = _encode_prompts(tokenizer, prompts)
+    ids, mask = ids.repeat_interleave(group_size, 0).to(device), mask.repeat_interleave(group_size, 0).to(device)
+    eos = _eos_ids(tokenizer, model)
+    sampling = {} if greedy else {"temperature": temperature, "top_k": 0, "top_p": 1.0}
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=not greedy, max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
+        **sampling,
+    )
+    completion_ids = out[:, ids.shape[1]:]
+    completion_mask = _until_first_eos(completion_ids, eos)
+    texts = tokenizer.batch_decode(completion_ids.masked_fill(~completion_mask, tokenizer.pad_token_id),
+                                   skip_special_tokens=True)
+    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)
+    return _batch(ids, mask, completion_ids, completion_mask, prompt_index), [t.strip() for t in texts]
+
+
+def completion_batch(tokenizer: Any, prompts: Sequence[str], completions: Sequence[str]) -> Batch:
+    """Given texts as completions of the prompts (row i answers prompt i), each closed by EOS."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    ids, mask = _encode_prompts(tokenizer, prompts)
+    rows = [tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in completions]
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    completion_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    completion_mask = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    return _batch(ids, mask, completion_ids, completion_mask, torch.arange(len(prompts)))
+
+
+def _pad(batch: Batch, prompt_width: int, completion_width: int, pad_id: int) -> Batch:
+    left = prompt_width - batch.prompt_width
+    right = completion_width - batch.completion_mask.shape[1]
+    pad = torch.nn.functional.pad
+    return Batch(
+        input_ids=pad(batch.input_ids, (left, right), value=pad_id),
+        attention_mask=pad(batch.attention_mask, (left, right), value=0),
+        completion_mask=pad(batch.completion_mask, (0, right), value=False),
+        prompt_index=batch.prompt_index,
+    )
+
+
+def concat_batches(batches: Sequence[Batch], pad_id: int) -> Batch:
+    """The rows of all ``batches``, padded to a common prompt and completion width."""
+    p = max(b.prompt_width for b in batches)
+    t = max(b.completion_mask.shape[1] for b in batches)
+    padded = [_pad(b, p, t, pad_id) for b in batches]
+    return Batch(*(torch.cat([getattr(b, f) for b in padded]) for f in
+                   ("input_ids", "attention_mask", "completion_mask", "prompt_index")))
+
+
+def token_stats(model: Any, batch: Batch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log pi(y_t | x, y_<t) of each completion token, [N, T] (0 off the mask), and optionally
+    the policy's entropy at each completion position (0 off the mask).
+
+    Only the T + 1 last positions go through the LM head, which bounds the [N, T, V] logits.
+    """
+    width = batch.completion_mask.shape[1]
+    position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+        logits_to_keep=width + 1, use_cache=False,
+    ).logits[:, :-1]  # position P - 1 + t predicts completion token t
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32
+    targets = batch.input_ids[:, -width:]
+    log_norm = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    mask = batch.completion_mask
+    logp = torch.where(mask, logp, torch.zeros_like(logp))
+    if not with_entropy:
+        return logp, None
+    # H = log Z - sum_v p_v z_v
+    entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, torch.where(mask, entropy, torch.zeros_like(entropy))
+
+
+def sequence_logp(token_logp: Tensor, completion_mask: Tensor) -> Tensor:
+    """L_k = sum_t log pi(y_t | x, y_<t) over each completion's tokens, shape [N]."""
+    # Eq. "Trajectory Log-Likelihood" (Sec. 3.1), a completion being the trajectory
+    lengths = completion_mask.sum(dim=1)
+    if (lengths == 0).any():
+        empty = (lengths == 0).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"completions {empty} (first 5) have no tokens: L_k needs at least one")
+    return (token_logp * completion_mask).sum(dim=1)

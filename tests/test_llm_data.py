@@ -1,0 +1,144 @@
+"""Loaders of the LM experiment: ACLSum from its package, TL;DR files in their schemas, the split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from haepo_ray.llm.data import (
+    ACLSUM_ASPECTS,
+    Example,
+    format_prompt,
+    load_aclsum,
+    load_examples,
+    load_tldr,
+    split_examples,
+)
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_aclsum_gives_three_aspect_pairs_per_paper():
+    examples = load_aclsum()
+    assert len(examples) == 3 * 250  # 100 train + 50 val + 100 test papers
+    assert len({e.prompt_id for e in examples}) == len(examples)
+    first = examples[:3]
+    assert [e.prompt_id.rsplit("/", 1)[1] for e in first] == list(ACLSUM_ASPECTS)
+    assert first[0].prompt_id == "aclsum/P06-1112/challenge"
+    assert first[0].source.startswith("In this paper , we explore correlation of dependency relation paths")
+    assert first[0].reference.startswith("A generally accessible NER system for QA systems")
+    assert "challenge" in first[0].instruction and "outcome" in first[2].instruction
+
+
+def _aclsum_row(**overrides):
+    row = {"id": "X1", "sentences": {"abstract": ["A b .", "C d ."]},
+           "summary": dict.fromkeys(ACLSUM_ASPECTS, "Short.")}
+    row.update(overrides)
+    return row
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    (_aclsum_row(sentences={"abstract": []}), "'sentences.abstract' must be a non-empty list"),
+    (_aclsum_row(summary={"challenge": "x", "approach": "y"}), "'outcome' must be a non-empty string"),
+    (_aclsum_row(summary="flat"), "'summary' must be an object"),
+])
+def test_aclsum_malformed_rows_name_file_line_and_key(tmp_path, row, message):
+    _write_jsonl(tmp_path / "train.jsonl", [_aclsum_row(), row])
+    with pytest.raises(ValueError, match=message) as err:
+        load_aclsum(["train"], root=tmp_path)
+    assert f"{tmp_path / 'train.jsonl'}:2" in str(err.value)
+
+
+def test_aclsum_missing_split_and_bad_json(tmp_path):
+    with pytest.raises(ValueError, match="ACLSum split 'dev': no file"):
+        load_aclsum(["dev"], root=tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"id": \n')
+    with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
+        load_aclsum(["train"], root=tmp_path)
+
+
+def test_tldr_jsonl_in_each_schema(tmp_path):
+    path = _write_jsonl(tmp_path / "tldr.jsonl", [
+        {"id": "a1", "subreddit": "r/x", "title": "My cat", "post": "The cat sat on the mat all day.",
+         "summary": " cat sat "},
+        {"content": "Long story about a bike.", "summary": "bike story", "id": "b2"},
+        {"prompt": "SUBREDDIT: r/y\nTITLE: t\nPOST: went hiking\nTL;DR:", "label": "hiked"},
+        {"prompt": "POST: rain again\nTL;DR:", "completion": "rainy"},
+    ])
+    examples = load_tldr(str(path))
+    assert [e.source for e in examples] == [
+        "My cat\nThe cat sat on the mat all day.",
+        "Long story about a bike.",
+        "SUBREDDIT: r/y\nTITLE: t\nPOST: went hiking",
+        "POST: rain again",
+    ]
+    assert [e.reference for e in examples] == ["cat sat", "bike story", "hiked", "rainy"]
+    assert examples[0].prompt_id == "tldr/a1"
+    assert examples[2].prompt_id == f"tldr/{path}:3"
+    assert load_examples(f"tldr:{path}") == examples
+
+
+def test_tldr_parquet_through_datasets(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "tldr.parquet"
+    pd.DataFrame({"post": ["p one", "p two"], "summary": ["s1", "s2"], "id": ["1", "2"]}).to_parquet(path)
+    assert [(e.source, e.reference) for e in load_tldr(str(path))] == [("p one", "s1"), ("p two", "s2")]
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([{"body": "x", "tldr": "y"}], r"tldr.jsonl:1: no known TL;DR layout; expected one of the key pairs "
+                                   r"post/summary, content/summary, prompt/label, prompt/completion, got keys \['body', 'tldr'\]"),
+    ([{"post": "x", "summary": "  "}], r"tldr.jsonl:1: 'summary' must be a non-empty string"),
+    ([{"post": 3, "summary": "s"}], r"tldr.jsonl:1: 'post' must be a non-empty string"),
+    ([["post", "summary"]], "a row must be a JSON object, got list"),
+    ([], "has no rows"),
+])
+def test_tldr_malformed_rows(tmp_path, rows, message):
+    path = _write_jsonl(tmp_path / "tldr.jsonl", rows)
+    with pytest.raises(ValueError, match=message):
+        load_tldr(str(path))
+
+
+def test_bad_data_specs():
+    with pytest.raises(ValueError, match="does not exist"):
+        load_tldr("/nonexistent/tldr.jsonl")
+    with pytest.raises(ValueError, match=r"data must be 'aclsum' or 'tldr:PATH_OR_ID', got 'tldr'"):
+        load_examples("tldr")
+    with pytest.raises(ValueError, match="got 'cnn'"):
+        load_examples("cnn")
+
+
+def test_split_holds_out_eval_and_halves_the_rest():
+    examples = [Example(f"p{i}", "sum", f"s{i}", f"r{i}") for i in range(21)]
+    splits = split_examples(examples, num_eval=3, seed=7)
+    assert (len(splits.eval), len(splits.sft), len(splits.rl)) == (3, 9, 9)
+    ids = [e.prompt_id for e in splits.eval + splits.sft + splits.rl]
+    assert sorted(ids) == sorted(e.prompt_id for e in examples)
+    assert split_examples(examples, 3, seed=7) == splits
+    assert split_examples(examples, 3, seed=8) != splits
+    with pytest.raises(ValueError, match="at least num_eval \\+ 2 examples"):
+        split_examples(examples[:4], num_eval=3, seed=0)
+
+
+class _PlainTokenizer:
+    chat_template = None
+
+
+class _ChatTokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert not tokenize and add_generation_prompt
+        return f"<user>{messages[0]['content']}</user><assistant>"
+
+
+def test_format_prompt_plain_chat_and_truncated():
+    example = Example("p", "Summarize this.", "one two three four", "r")
+    assert format_prompt(example, _PlainTokenizer()) == "Summarize this.\n\none two three four\nTL;DR:"
+    assert format_prompt(example, _ChatTokenizer()) == "<user>Summarize this.\n\none two three four</user><assistant>"
+    assert format_prompt(example, _PlainTokenizer(), max_source_words=2) == "Summarize this.\n\none two\nTL;DR:"

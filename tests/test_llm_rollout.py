@@ -1,0 +1,89 @@
+"""L_k of LM completions: a hand sum over tokens, padding invariant; masks; generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from haepo_ray.llm.rollout import _until_first_eos, completion_batch, concat_batches, generate, sequence_logp, token_stats
+
+PROMPTS = ["the model writes", "we propose a method for parsing the paper"]
+COMPLETIONS = ["a short summary of the paper", "results"]
+
+
+def _hand_logp(model, tokenizer, prompt, completion):
+    """sum_t log softmax(logits_{t-1})[y_t] over the completion + EOS, on the unpadded row."""
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0], dim=-1)
+    total = 0.0
+    for t in range(len(prompt_ids), ids.shape[1]):
+        total += logp[t - 1, ids[0, t]].item()
+    return total
+
+
+def test_sequence_logp_is_the_hand_sum_over_completion_tokens(tiny_lm):
+    model, tokenizer = tiny_lm
+    batch = completion_batch(tokenizer, PROMPTS, COMPLETIONS)
+    # Row 0 is left-padded (shorter prompt), row 1 right-padded (shorter completion).
+    assert (batch.attention_mask[0] == 0).any() and not batch.completion_mask[1].all()
+    with torch.no_grad():
+        traj_logp = sequence_logp(token_stats(model, batch)[0], batch.completion_mask)
+    expected = [_hand_logp(model, tokenizer, p, c) for p, c in zip(PROMPTS, COMPLETIONS)]
+    torch.testing.assert_close(traj_logp, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-10)
+    assert batch.completion_mask.sum(1).tolist() == [7, 2]  # 6 words + EOS, 1 word + EOS
+
+
+def test_sequence_logp_does_not_depend_on_padding(tiny_lm):
+    model, tokenizer = tiny_lm
+    alone = completion_batch(tokenizer, PROMPTS[:1], COMPLETIONS[1:])
+    long_row = completion_batch(tokenizer, ["a cat sat on the mat and the model writes a paper"],
+                                ["the method improves accuracy results show"])
+    padded = concat_batches([alone, long_row], tokenizer.pad_token_id)
+    assert padded.prompt_width > alone.prompt_width
+    assert padded.completion_mask.shape[1] > alone.completion_mask.shape[1]
+    with torch.no_grad():
+        single = sequence_logp(token_stats(model, alone)[0], alone.completion_mask)
+        both = sequence_logp(token_stats(model, padded)[0], padded.completion_mask)
+    torch.testing.assert_close(both[:1], single, rtol=0, atol=1e-10)
+
+
+def test_entropy_of_completion_positions(tiny_lm):
+    model, tokenizer = tiny_lm
+    batch = completion_batch(tokenizer, PROMPTS, COMPLETIONS)
+    row0 = completion_batch(tokenizer, PROMPTS[:1], COMPLETIONS[:1])  # unpadded
+    with torch.no_grad():
+        _, entropy = token_stats(model, batch, with_entropy=True)
+        probs = torch.softmax(model(input_ids=row0.input_ids[:, :-1]).logits[0, row0.prompt_width - 1:], -1)
+    hand = -(probs * torch.log(probs)).sum(-1)  # H_t = -sum_v p_v log p_v at each completion position
+    torch.testing.assert_close(entropy[0], hand, rtol=0, atol=1e-10)
+    assert (entropy[1, 2:] == 0).all() and (entropy[1, :2] > 0).all()  # 0 off the mask
+
+
+def test_empty_completion_is_an_error():
+    token_logp = torch.zeros(3, 4)
+    mask = torch.tensor([[True, True, False, False], [False] * 4, [True] * 4])
+    with pytest.raises(ValueError, match=r"completions \[1\] \(first 5\) have no tokens"):
+        sequence_logp(token_logp, mask)
+
+
+def test_completion_mask_ends_at_the_first_eos():
+    ids = torch.tensor([[5, 2, 7, 2], [3, 4, 6, 8], [2, 2, 2, 2]])
+    expected = torch.tensor([[True, True, False, False], [True] * 4, [True, False, False, False]])
+    assert torch.equal(_until_first_eos(ids, [2]), expected)
+    assert torch.equal(_until_first_eos(ids, [9, 2]), expected)
+
+
+def test_generate_groups_and_masks(tiny_lm):
+    model, tokenizer = tiny_lm
+    torch.manual_seed(0)
+    batch, texts = generate(model, tokenizer, PROMPTS, group_size=3, max_new_tokens=5, min_new_tokens=5)
+    assert len(batch) == len(texts) == 6
+    assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1]
+    assert batch.completion_mask.shape == (6, 5) and batch.completion_mask.all()  # min = max tokens
+    assert all(len(t.split()) <= 5 for t in texts)
+    # The completion tokens decode to the texts: the batch is what was sampled.
+    decoded = tokenizer.batch_decode(batch.input_ids[:, batch.prompt_width:], skip_special_tokens=True)
+    assert [d.strip() for d in decoded] == texts
