@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pytest
@@ -13,9 +14,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 def ray_temp_dir() -> str:
     """This worker's Ray folder. Under pytest-xdist two workers run two local Rays at once:
     each gets its own folder (session links, metrics service-discovery file), short enough
-    for Ray's unix sockets."""
+    for Ray's unix sockets. Two checkouts testing at once (git worktrees) get their own too."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    return f"/tmp/ray-haepo-{os.getuid()}-{worker}"
+    checkout = hashlib.sha1(os.path.dirname(os.path.dirname(__file__)).encode()).hexdigest()[:6]
+    return f"/tmp/ray-haepo-{os.getuid()}-{checkout}-{worker}"
 
 
 @pytest.fixture(scope="session")
