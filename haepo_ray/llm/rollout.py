@@ -22,6 +22,7 @@ __all__ = [
     "completion_batch",
     "concat_batches",
     "generate",
+    "sample_groups",
     "sequence_logp",
     "token_stats",
 ]
@@ -107,6 +108,27 @@ def generate(
                                    skip_special_tokens=True)
     prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)
     return _batch(ids, mask, completion_ids, completion_mask, prompt_index), [t.strip() for t in texts]
+
+
+def sample_groups(
+    model: Any, tokenizer: Any, prompts: Sequence[str], seeds: Sequence[int], positions: Sequence[int], *,
+    group_size: int, max_new_tokens: int, min_new_tokens: int = 1, temperature: float = 1.0,
+) -> tuple[Batch, list[str]]:
+    """:func:`generate` one prompt at a time, each from its own seed: a prompt's completions do
+    not depend on the other prompts nor on the global RNG (so not on which worker draws them,
+    :mod:`haepo_ray.llm.distributed`). Rows of prompt i have ``prompt_index`` ``positions[i]``."""
+    device = next(model.parameters()).device
+    batches, texts = [], []
+    for prompt, seed, position in zip(prompts, seeds, positions, strict=True):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            batch, group_texts = generate(model, tokenizer, [prompt], group_size=group_size,
+                                          max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                                          temperature=temperature)
+        batches.append(Batch(batch.input_ids, batch.attention_mask, batch.completion_mask,
+                             torch.full_like(batch.prompt_index, position)))
+        texts += group_texts
+    return concat_batches(batches, tokenizer.pad_token_id), texts
 
 
 def completion_batch(tokenizer: Any, prompts: Sequence[str], completions: Sequence[str]) -> Batch:

@@ -27,6 +27,12 @@ human-evaluation form read it):
   the last update (and every ``eval_every`` updates if > 0): ``{"update": int, "prompt_id":
   str, "source": str, "reference": str, "completion": str, "reward": float, "algorithm":
   str, "model": str, "seed": int}``.
+
+Sampling is seeded per prompt, (seed, update, the prompt's position in the update)
+(:func:`~haepo_ray.llm.distributed.sample_seed`): a run is reproducible, on one worker or
+several (:class:`~haepo_ray.llm.distributed.World`; each worker takes whole prompt groups),
+and a run restored from a checkpoint (:meth:`LLMRun.save`) continues exactly. The price: one
+``generate`` call per prompt (``group_size`` rows each) instead of one per update.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import json
 import math
 import random
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,15 +53,30 @@ from typing import Any
 import torch
 
 from haepo_ray.llm.data import Example, format_prompt, load_examples, split_examples
+from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import ObjectiveSettings, backward, effective_num_trajectories, group_loss
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
-from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, generate, sequence_logp, token_stats
+from haepo_ray.llm.rollout import (
+    Batch,
+    completion_batch,
+    concat_batches,
+    generate,
+    sample_groups,
+    sequence_logp,
+    token_stats,
+)
 
-__all__ = ["DTYPES", "LLMTrainSettings", "train"]
+__all__ = ["DTYPES", "LLMRun", "LLMTrainSettings", "train"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "generations.jsonl"
+STATE_FILE = "state.pt"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}  # float64: exactness tests
 Callback = Callable[[dict[str, Any]], None]
 
 
@@ -129,108 +151,233 @@ def _chunks(n: int, size: int) -> list[slice]:
 
 
 class _Writer:
-    def __init__(self, out_dir: Path, callback: Callback | None) -> None:
-        self.metrics = (out_dir / "metrics.jsonl").open("w")
-        self.generations = (out_dir / "generations.jsonl").open("w")
+    """The output files (rank 0 only; other workers keep the rows and write nothing)."""
+
+    def __init__(self, out_dir: Path | None, callback: Callback | None, *, append: bool = False) -> None:
+        mode = "a" if append else "w"
+        self.metrics = (out_dir / METRICS_FILE).open(mode) if out_dir else None
+        self.generations = (out_dir / GENERATIONS_FILE).open(mode) if out_dir else None
         self.callback = callback
         self.rows: list[dict[str, Any]] = []
 
     def metric(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
+        if self.metrics:
+            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.flush()
         if self.callback is not None:
             self.callback(row)
 
     def generation(self, row: dict[str, Any]) -> None:
-        self.generations.write(json.dumps(row) + "\n")
-        self.generations.flush()
+        if self.generations:
+            self.generations.write(json.dumps(row) + "\n")
+            self.generations.flush()
 
     def close(self) -> None:
-        self.metrics.close()
-        self.generations.close()
+        for f in (self.metrics, self.generations):
+            if f:
+                f.close()
 
 
-def _sft(model: Any, tokenizer: Any, settings: LLMTrainSettings, examples: Sequence[Example],
-         writer: _Writer) -> None:
-    """Supervised warm-up: token-mean NLL of the gold summary after the prompt."""
-    steps = math.ceil(settings.sft_examples / settings.sft_batch)
-    if not steps:
-        return
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.sft_lr)
-    stream = _cycle(examples, random.Random(settings.seed))
-    for step in range(1, steps + 1):
+class LLMRun:
+    """One run of :func:`train` on this worker of a :class:`~haepo_ray.llm.distributed.World`:
+    SFT (:meth:`sft`), then RL updates one at a time (:meth:`rl`), with checkpoints of the whole
+    state (:meth:`save`, :meth:`restore`). Rank 0 writes ``out_dir``."""
+
+    def __init__(self, settings: LLMTrainSettings, out_dir: str | Path, *, world: World = World(),
+                 reward_fn: RewardFn | None = None, callback: Callback | None = None) -> None:
+        if settings.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {settings.device!r}: this torch build sees no CUDA device")
+        if settings.batch_prompts % world.size:
+            raise ValueError(f"batch_prompts ({settings.batch_prompts}) must be a multiple of the number of "
+                             f"workers ({world.size}): each worker takes whole prompt groups")
+        self.settings, self.world = settings, world
+        self.out = Path(out_dir)
+        if world.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
+        torch.manual_seed(settings.seed)
+        self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.seed)
+        self.model, self.tokenizer = load_model(
+            settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
+            seed=settings.seed, dtype=DTYPES[settings.dtype])
+        self.model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
+        self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
+        self.callback = callback
+        self.writer = _Writer(self.out if world.is_main else None, callback)
+        self.reference: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.update = 0  # RL updates done
+
+    # ------------------------------------------------------------------ SFT
+
+    def sft(self) -> None:
+        """Supervised warm-up: token-mean NLL of the gold summary after the prompt; then the
+        model is frozen as the reference policy and the RL optimiser is made."""
+        s, world = self.settings, self.world
+        steps = math.ceil(s.sft_examples / s.sft_batch)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=s.sft_lr) if steps else None
+        stream = _cycle(self.splits.sft, random.Random(s.seed))
+        for step in range(1, steps + 1):
+            start = time.perf_counter()
+            size = min(s.sft_batch, s.sft_examples - (step - 1) * s.sft_batch)
+            mine = [e for _, e in world.shard([next(stream) for _ in range(size)])]
+            batch = completion_batch(
+                self.tokenizer, [format_prompt(e, self.tokenizer, s.max_source_words) for e in mine],
+                [e.reference for e in mine]).to(s.device) if mine else None
+            tokens, = world.sum([batch.completion_mask.sum().item() if batch else 0], s.device)
+            local_loss = 0.0
+            if batch is not None:
+                logp, _ = token_stats(self.model, batch)
+                loss = -logp.sum() / tokens
+                loss.backward()
+                local_loss = loss.item()
+            world.sum_gradients(self.model.parameters())
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value, = world.sum([local_loss], s.device)
+            elapsed, = world.max([time.perf_counter() - start], s.device)
+            self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
+        self._start_rl()
+
+    def _start_rl(self) -> None:
+        self.reference = copy.deepcopy(self.model).requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.settings.lr)
+
+    # ------------------------------------------------------------------ RL
+
+    def rl(self) -> Iterator[dict[str, Any]]:
+        """The remaining RL updates, each yielded as its metric row once done (and evaluated
+        when ``eval_every`` or the last update says so)."""
+        s = self.settings
+        stream = _cycle(self.splits.rl, random.Random(s.seed + 1))
+        for _ in range(self.update * s.batch_prompts):  # the prompts of the updates already done
+            next(stream)
+        while self.update < s.rl_updates:
+            chosen = [next(stream) for _ in range(s.batch_prompts)]
+            self.update += 1
+            row = {"update": self.update, **self._rl_update(chosen)}
+            self.writer.metric(row)
+            if self.update == s.rl_updates or (s.eval_every and self.update % s.eval_every == 0):
+                self._evaluate()
+            yield row
+
+    def _rl_update(self, examples: Sequence[Example]) -> dict[str, Any]:
+        s, world, tokenizer = self.settings, self.world, self.tokenizer
+        objective = s.objective()
+        peaks = PeakMemory(s.device)
         start = time.perf_counter()
-        size = min(settings.sft_batch, settings.sft_examples - (step - 1) * settings.sft_batch)
-        chosen = [next(stream) for _ in range(size)]
-        batch = completion_batch(tokenizer, [format_prompt(e, tokenizer, settings.max_source_words) for e in chosen],
-                                 [e.reference for e in chosen]).to(settings.device)
-        logp, _ = token_stats(model, batch)
-        loss = -logp.sum() / batch.completion_mask.sum()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        writer.metric({"update": step, "phase": "sft", "time_s": time.perf_counter() - start, "loss": loss.item()})
+        mine = world.shard(examples)
+        positions = [i for i, _ in mine]
+        local = [e for _, e in mine]
+        share = len(local) / len(examples)
+        prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in local]
+        with peaks.phase("generation"):
+            samples, texts = sample_groups(
+                self.model, tokenizer, prompts, [sample_seed(s.seed, self.update, i) for i in positions], positions,
+                group_size=s.group_size, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
+                temperature=s.temperature)
+        group_examples = [e for e in local for _ in range(s.group_size)]
+        rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
+        if s.algo == "DPO":  # per prompt: [gold, samples], gold preferred to every sample
+            gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
+            gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
+            batch = concat_batches([gold, samples], tokenizer.pad_token_id)
+            returns = torch.cat([torch.ones(len(gold), device=s.device), torch.zeros(len(samples), device=s.device)])
+            sample_rows = slice(len(gold), None)
+        else:
+            batch, returns, sample_rows = samples, rewards, slice(None)
+        with peaks.phase("reference"), torch.no_grad():
+            ref_logp = torch.cat([token_stats(self.reference, batch.rows(c))[0]
+                                  for c in _chunks(len(batch), s.micro_batch_size)])
+        local_loss = group_loss(objective, batch, returns, ref_logp)
+        with peaks.phase("forward_backward"):
+            loss, logp = backward(self.model, batch, lambda lp, ent: share * local_loss(lp, ent),
+                                  micro_batch_size=s.micro_batch_size, with_entropy=s.algo == "GRPO")
+            world.sum_gradients(self.model.parameters())
+        with peaks.phase("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
 
+        sampled: Batch = batch.rows(sample_rows)
+        mask = sampled.completion_mask
+        kl = (sequence_logp(logp[sample_rows], mask) - sequence_logp(ref_logp[sample_rows], mask)).mean()
+        means = {  # over this worker's completions (or prompts); the share weighs them into the update's
+            "reward_mean": rewards.mean().item(),
+            **summary_metrics(texts, [e.reference for e in group_examples]),
+            "completion_length": mask.sum(1).float().mean().item(),
+            "effective_num_trajectories": effective_num_trajectories(objective, sampled, logp[sample_rows]),
+            "kl": kl.item(),
+        }
+        totals = world.sum([share * v for v in means.values()] + [loss.item()], s.device)
+        elapsed, *peak = world.max([elapsed, *peaks.allocated.values()], s.device)
+        return {
+            "phase": "rl",
+            "time_s": elapsed,
+            **dict(zip(means, totals[:-1], strict=True)),
+            "loss": totals[-1],
+            "peak_memory_mb": dict(zip(peaks.allocated, peak, strict=True)),
+        }
 
-def _rl_update(model: Any, reference: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-               settings: LLMTrainSettings, examples: Sequence[Example], reward_fn: RewardFn) -> dict[str, Any]:
-    objective = settings.objective()
-    peaks = PeakMemory(settings.device)
-    start = time.perf_counter()
-    prompts = [format_prompt(e, tokenizer, settings.max_source_words) for e in examples]
-    with peaks.phase("generation"):
-        samples, texts = generate(model, tokenizer, prompts, group_size=settings.group_size,
-                                  max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens,
-                                  temperature=settings.temperature)
-    group_examples = [e for e in examples for _ in range(settings.group_size)]
-    rewards = torch.tensor(check_rewards(reward_fn(texts, group_examples), texts), device=settings.device)
-    if settings.algo == "DPO":  # per prompt: [gold, samples], gold preferred to every sample
-        gold = completion_batch(tokenizer, prompts, [e.reference for e in examples]).to(settings.device)
-        batch = concat_batches([gold, samples], tokenizer.pad_token_id)
-        returns = torch.cat([torch.ones(len(gold), device=settings.device), torch.zeros(len(samples), device=settings.device)])
-        sample_rows = slice(len(gold), None)
-    else:
-        batch, returns, sample_rows = samples, rewards, slice(None)
-    with peaks.phase("reference"), torch.no_grad():
-        ref_logp = torch.cat([token_stats(reference, batch.rows(c))[0]
-                              for c in _chunks(len(batch), settings.micro_batch_size)])
-    with peaks.phase("forward_backward"):
-        loss, logp = backward(model, batch, group_loss(objective, batch, returns, ref_logp),
-                              micro_batch_size=settings.micro_batch_size, with_entropy=settings.algo == "GRPO")
-    with peaks.phase("optimizer"):
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    elapsed = time.perf_counter() - start
+    def _evaluate(self) -> None:
+        """Greedy completions of the held-out prompts, on rank 0."""
+        if not self.world.is_main:
+            return
+        s, tokenizer = self.settings, self.tokenizer
+        for c in _chunks(len(self.splits.eval), s.batch_prompts):
+            chosen = self.splits.eval[c]
+            prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in chosen]
+            _, texts = generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
+                                min_new_tokens=1, greedy=True)
+            rewards = check_rewards(self.reward_fn(texts, chosen), texts)
+            for e, text, reward in zip(chosen, texts, rewards, strict=True):
+                self.writer.generation({"update": self.update, "prompt_id": e.prompt_id, "source": e.source,
+                                        "reference": e.reference, "completion": text, "reward": reward,
+                                        "algorithm": s.algo, "model": s.model, "seed": s.seed})
 
-    sampled: Batch = batch.rows(sample_rows)
-    mask = sampled.completion_mask
-    kl = (sequence_logp(logp[sample_rows], mask) - sequence_logp(ref_logp[sample_rows], mask)).mean()
-    return {
-        "phase": "rl",
-        "time_s": elapsed,
-        "reward_mean": rewards.mean().item(),
-        **summary_metrics(texts, [e.reference for e in group_examples]),
-        "completion_length": mask.sum(1).float().mean().item(),
-        "effective_num_trajectories": effective_num_trajectories(objective, sampled, logp[sample_rows]),
-        "kl": kl.item(),
-        "loss": loss.item(),
-        "peak_memory_mb": dict(peaks.allocated),
-    }
+    # ------------------------------------------------------------------ checkpoints
 
+    def save(self, folder: str | Path, *, final: bool = False) -> None:
+        """The run so far in ``folder`` (rank 0): ``state.pt`` (update, policy; unless
+        ``final``, also the reference and the optimiser) and the output files. Sampling needs
+        no RNG state: its seeds are (seed, update, position)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {"update": self.update, "model": self.model.state_dict()}
+        if not final:
+            state |= {"reference": self.reference.state_dict(), "optimizer": self.optimizer.state_dict()}
+        torch.save(state, folder / STATE_FILE)
+        for name in (METRICS_FILE, GENERATIONS_FILE, CONFIG_FILE):
+            shutil.copyfile(self.out / name, folder / name)
 
-def _evaluate(model: Any, tokenizer: Any, settings: LLMTrainSettings, examples: Sequence[Example],
-              reward_fn: RewardFn, update: int, writer: _Writer) -> None:
-    for c in _chunks(len(examples), settings.batch_prompts):
-        chosen = examples[c]
-        prompts = [format_prompt(e, tokenizer, settings.max_source_words) for e in chosen]
-        _, texts = generate(model, tokenizer, prompts, group_size=1, max_new_tokens=settings.max_new_tokens,
-                            min_new_tokens=1, greedy=True)
-        rewards = check_rewards(reward_fn(texts, chosen), texts)
-        for e, text, reward in zip(chosen, texts, rewards, strict=True):
-            writer.generation({"update": update, "prompt_id": e.prompt_id, "source": e.source,
-                               "reference": e.reference, "completion": text, "reward": reward,
-                               "algorithm": settings.algo, "model": settings.model, "seed": settings.seed})
+    def restore(self, folder: str | Path) -> None:
+        """Continue from :meth:`save`'s ``folder`` (every worker): the next :meth:`rl` update
+        follows the saved one; the output files are the saved ones."""
+        folder = Path(folder)
+        state = torch.load(folder / STATE_FILE, map_location=self.settings.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self._start_rl()
+        if "optimizer" in state:
+            self.reference.load_state_dict(state["reference"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        elif state["update"] != self.settings.rl_updates:
+            raise ValueError(f"{folder}: a final checkpoint (no optimiser) at update {state['update']}, "
+                             f"but the run has {self.settings.rl_updates} updates")
+        self.update = state["update"]
+        if self.world.is_main:
+            self.writer.close()
+            for name in (METRICS_FILE, GENERATIONS_FILE):
+                shutil.copyfile(folder / name, self.out / name)
+            self.writer = _Writer(self.out, self.callback, append=True)
+        self.writer.rows = [json.loads(line) for line in (folder / METRICS_FILE).read_text().splitlines()]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.writer.rows
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def train(settings: LLMTrainSettings, out_dir: str | Path, *, reward_fn: RewardFn | None = None,
@@ -238,32 +385,14 @@ def train(settings: LLMTrainSettings, out_dir: str | Path, *, reward_fn: RewardF
     """Run SFT then RL as ``settings`` say, write ``out_dir`` (module docstring), return the metric rows.
 
     ``reward_fn`` replaces the paper's :class:`SummaryReward` (tests use a verifiable one);
-    ``callback`` receives every metric row as it is written (part 2 reports them live).
+    ``callback`` receives every metric row as it is written. On several workers (Ray Train),
+    :mod:`haepo_ray.sweep.llm_trainable` drives an :class:`LLMRun` instead.
     """
-    if settings.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {settings.device!r}: this torch build sees no CUDA device")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
-    torch.manual_seed(settings.seed)
-    splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.seed)
-    model, tokenizer = load_model(settings.model, texts=(f"{e.source} {e.reference}" for e in splits.sft + splits.rl),
-                                  seed=settings.seed, dtype=DTYPES[settings.dtype])
-    model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
-    reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
-    writer = _Writer(out, callback)
+    run = LLMRun(settings, out_dir, reward_fn=reward_fn, callback=callback)
     try:
-        _sft(model, tokenizer, settings, splits.sft, writer)
-        reference = copy.deepcopy(model).requires_grad_(False)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
-        stream = _cycle(splits.rl, random.Random(settings.seed + 1))
-        for update in range(1, settings.rl_updates + 1):
-            chosen = [next(stream) for _ in range(settings.batch_prompts)]
-            writer.metric({"update": update, **_rl_update(model, reference, tokenizer, optimizer, settings,
-                                                           chosen, reward_fn)})
-            if settings.eval_every and update % settings.eval_every == 0 and update < settings.rl_updates:
-                _evaluate(model, tokenizer, settings, splits.eval, reward_fn, update, writer)
-        _evaluate(model, tokenizer, settings, splits.eval, reward_fn, settings.rl_updates, writer)
+        run.sft()
+        for _ in run.rl():
+            pass
     finally:
-        writer.close()
-    return writer.rows
+        run.close()
+    return run.rows
