@@ -30,6 +30,21 @@ WEIGHT_ENTROPY = f"{LEARNER}/weight_entropy"
 KL_TO_REFERENCE = f"{LEARNER}/kl_to_reference"
 EFFECTIVE_NUM_TRAJECTORIES = f"{LEARNER}/effective_num_trajectories"
 MAX_WEIGHT = f"{LEARNER}/max_weight"
+# Language-model trials: the metric rows of haepo_ray.llm.train, one Tune result per RL update.
+LLM_UPDATE = "update"  # the RL update: the step of LM trials (survives a restart from checkpoint)
+LLM_REWARD = "reward_mean"
+LLM_ROUGE_L = "rouge_l"
+LLM_SEMANTIC_SIMILARITY = "semantic_similarity"
+LLM_PROFANITY_RATE = "profanity_rate"
+LLM_COMPLETION_LENGTH = "completion_length"
+LLM_EFFECTIVE_NUM_TRAJECTORIES = "effective_num_trajectories"
+LLM_KL = "kl"
+LLM_LOSS = "loss"
+LLM_UPDATE_TIME = "time_s"
+LLM_TRAIN_TIME = "train_time_s"  # seconds of SFT and RL updates so far (not start-up, not restarts)
+LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", phases of haepo_ray.llm.memory
+# Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
+CHECKPOINT_PATH = "checkpoint_path"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).
 CARRIED_OVER = "haepo_carried_over"
 
@@ -42,6 +57,8 @@ SPEC = "haepo.spec"
 RAY_ADDRESS = "haepo.ray_address"
 ALGORITHM = "haepo.algorithm"
 ENV = "haepo.env"
+MODEL = "haepo.model"  # language-model trials: the model and the data set
+DATA = "haepo.data"
 TRIAL_ID = "haepo.trial_id"
 TRIAL_NAME = "haepo.trial_name"
 SEED = "haepo.seed"

@@ -26,6 +26,7 @@ EXPECTED_TRIALS = {
     **{f"random_walk_n{n}_{a}": 5 for n in (10, 20) for a in ("haepo", "ppo", "dpo")},
     "cartpole_haepo": 5, "cartpole_haepo_noreg": 5, "cartpole_ppo": 5,
     "chain_mdp_haepo": 10, "newsvendor_haepo": 10,
+    "llm_smoke": 6, "llm_search": 8, "tldr_haepo": 3, "tldr_grpo": 3, "tldr_dpo": 3,
 }
 
 
@@ -42,7 +43,7 @@ def test_every_spec_validates_and_dry_runs(path, monkeypatch, tmp_path):
     out = io.StringIO()
     trials = dry_run(plan, out=out)
     text = out.getvalue()
-    assert f"{spec.algorithm} on {spec.env}" in text
+    assert f"{spec.algorithm} on {spec.env}" in text if spec.llm is None else plan.title in text
     assert len(trials) == EXPECTED_TRIALS.get(path.stem, len(trials))
     assert f"{len(trials)} trials:" in text
     assert not (tmp_path / ".haepo").exists(), "a dry run must not write anything"

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tables import format_table
 
@@ -18,7 +18,7 @@ class PlannedTrial:
     values: dict[str, Any]  # spec search-space name -> value
 
 
-def planned_trials(plan: SweepPlan) -> list[PlannedTrial] | None:
+def planned_trials(plan: Plan) -> list[PlannedTrial] | None:
     """The trials a grid/random search will run, as Tune will generate them (None for
     Optuna: it suggests as it goes). Random draws are reproduced exactly when
     ``search.seed`` is set; without it they are examples."""
@@ -39,7 +39,7 @@ def planned_trials(plan: SweepPlan) -> list[PlannedTrial] | None:
     return trials
 
 
-def dry_run(plan: SweepPlan, *, out: TextIO = sys.stdout, experiment: str | None = None,
+def dry_run(plan: Plan, *, out: TextIO = sys.stdout, experiment: str | None = None,
             storage_path: str | None = None, tracking_uri: str | None = None,
             address: str | None = None) -> list[PlannedTrial] | None:
     """Prints the resolved sweep (every trial with its values and resources); starts nothing.
@@ -55,7 +55,7 @@ def dry_run(plan: SweepPlan, *, out: TextIO = sys.stdout, experiment: str | None
         except SpecError as err:
             raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
     p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"sweep {spec.source or spec.experiment}: {spec.algorithm} on {spec.env} {spec.env_config or ''}")
+    p(f"sweep {spec.source or spec.experiment}: {plan.title}")
     p(f"  search: {spec.search.algorithm}, num_samples {spec.search.num_samples}"
       + (f", seed {spec.search.seed}" if spec.search.seed is not None else ""))
     sched = spec.scheduler.model_dump(mode="json")
@@ -66,7 +66,7 @@ def dry_run(plan: SweepPlan, *, out: TextIO = sys.stdout, experiment: str | None
     p(f"  per trial: {plan.trial_resources(trials[0].values if trials else {})};  "
       f"max concurrent: {spec.max_concurrent_trials or 'as resources allow'};  "
       f"retries: {spec.max_failures};  checkpoint every {spec.checkpoint_frequency or '-'} "
-      f"iterations{', and at the end' if spec.checkpoint_at_end else ''}")
+      f"{'updates' if spec.llm else 'iterations'}{', and at the end' if spec.checkpoint_at_end else ''}")
     p(f"  Ray: {address or 'embedded local Ray'};  results: "
       f"{experiment_root(spec, experiment, storage_path)}/<run>")
     p(f"  MLflow: {resolve_tracking_uri(tracking_uri, create=False)} (experiment "

@@ -17,6 +17,7 @@ from typing import Any
 
 from haepo_ray import configs
 from haepo_ray.registry import UnknownAlgorithm
+from haepo_ray.sweep.llm_plan import LLMPlan
 from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec, load_spec, parse_spec
 
 
@@ -31,9 +32,12 @@ class SweepPlan:
     mutations: dict[str, Any]  # PBT's hyperparam_mutations, by config key
 
     @classmethod
-    def resolve(cls, spec: SweepSpec) -> SweepPlan:
-        """Checks the algorithm, env and setting names against RLlib and builds the plan;
-        raises :class:`SpecError` naming the file, the key and what is allowed."""
+    def resolve(cls, spec: SweepSpec) -> SweepPlan | LLMPlan:
+        """Checks the algorithm, env and setting names against RLlib and builds the plan (a
+        spec with ``llm``: :meth:`LLMPlan.resolve`); raises :class:`SpecError` naming the
+        file, the key and what is allowed."""
+        if spec.llm is not None:
+            return LLMPlan.resolve(spec)
         source = spec.source or "<spec>"
         try:
             base = configs.build_config(spec.algorithm, spec.env, env_config=spec.env_config,
@@ -57,6 +61,16 @@ class SweepPlan:
         except SpecError as err:
             raise SpecError(f"{source}: settings: {err}") from None
         return plan
+
+    @property
+    def title(self) -> str:
+        return f"{self.spec.algorithm} on {self.spec.env} {self.spec.env_config or ''}".rstrip()
+
+    @property
+    def trial_tags(self) -> dict[str, str]:
+        """MLflow tag -> trial config key, tags that differ between trials (none: one
+        algorithm and env per RL sweep)."""
+        return {}
 
     @cached_property
     def param_space(self) -> dict[str, Any]:
@@ -102,7 +116,10 @@ class SweepPlan:
         return name
 
 
-def load_plan(path: str | Path) -> SweepPlan:
+Plan = SweepPlan | LLMPlan  # what a spec resolves to: an RL or a language-model sweep
+
+
+def load_plan(path: str | Path) -> Plan:
     """Reads, validates and resolves a sweep spec; raises :class:`SpecError`."""
     return SweepPlan.resolve(load_spec(path))
 
@@ -152,6 +169,6 @@ def _check_setting_names(spec: SweepSpec, config, source: str) -> None:
         raise SpecError("\n".join(errors))
 
 
-def parse_plan(data: Any, source: str = "<spec>") -> SweepPlan:
+def parse_plan(data: Any, source: str = "<spec>") -> Plan:
     """:func:`~haepo_ray.sweep.spec.parse_spec`, then :meth:`SweepPlan.resolve`."""
     return SweepPlan.resolve(parse_spec(data, source))

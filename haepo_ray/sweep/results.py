@@ -13,8 +13,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from haepo_ray import names
-from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.sweep.plan import Plan
 from haepo_ray.tables import format_table
 from haepo_ray.tracking import best, metric_value, rank
 
@@ -83,7 +82,7 @@ def _error_line(trial) -> str:
     return "error"
 
 
-def summarize(plan: SweepPlan, trials: list, grid, callback, run_dir: str, experiment: str) -> SweepResult:
+def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment: str) -> SweepResult:
     """One :class:`TrialSummary` per Tune trial (in creation order)."""
     spec = plan.spec
     result = SweepResult(
@@ -100,7 +99,7 @@ def summarize(plan: SweepPlan, trials: list, grid, callback, run_dir: str, exper
             trial_id=trial.trial_id,
             name=str(trial),
             status=trial.status,
-            iterations=int(last.get(names.TRAINING_ITERATION, 0) or 0),
+            iterations=int(last.get(spec.step_key, 0) or 0),
             value=metric_value(last, spec.metric),
             values=plan.search_values(trial.config or {}),
             run_id=callback.run_id_of(trial.trial_id) if callback else None,

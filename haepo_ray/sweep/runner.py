@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from haepo_ray.sweep import results, tune_setup
-from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.spec import SweepSpec
 
 DEFAULT_STORAGE = Path(".haepo") / "ray_results"
@@ -93,7 +93,7 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
 # --------------------------------------------------------------------------- tracking
 
 
-def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_name: str,
+def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name: str,
                   sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
                   **retry):
     """The sweep's MLflow callback: one parent run, one child per trial; ``retry``:
@@ -101,10 +101,13 @@ def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_
     from haepo_ray import names, tracking
 
     spec = plan.spec
+    algorithm = spec.algorithm or ",".join(map(str, spec.search_space["algorithm"].values))
+    subject = ({"llm": spec.llm.model_dump(mode="json")} if spec.llm else
+               {"env": spec.env, "env_config": spec.env_config})
+    subject_tags = ({names.MODEL: spec.llm.model, names.DATA: spec.llm.data} if spec.llm else {names.ENV: spec.env})
     params = {
-        "algorithm": spec.algorithm,
-        "env": spec.env,
-        "env_config": spec.env_config,
+        "algorithm": algorithm,
+        **subject,
         "metric": spec.metric,
         "mode": spec.mode,
         "search_algorithm": spec.search.algorithm,
@@ -126,22 +129,35 @@ def make_callback(plan: SweepPlan, *, tracking_uri: str, experiment: str, sweep_
         artifact_location=tracking.artifact_location_for(tracking_uri),
         parent_params=params,
         parent_tags={
-            names.ALGORITHM: spec.algorithm,
-            names.ENV: spec.env,
+            names.ALGORITHM: algorithm,
+            **subject_tags,
             names.SPEC: spec.source or "",
             names.RAY_ADDRESS: address or "embedded",
         },
         spec_yaml=spec.resolved_yaml(),
         spec_source=spec_text,
-        trial_tags={names.ALGORITHM: spec.algorithm, names.ENV: spec.env},
+        trial_tags={names.ALGORITHM: algorithm, **subject_tags},
         search_keys=plan.search_keys,
         metric=spec.metric,
         mode=spec.mode,
-        metrics=spec.tracking.metrics,
+        metrics=spec.tracking.metrics or (tracking.LLM_METRICS if spec.llm else tracking.DEFAULT_METRICS),
         config_metrics=list(plan.mutations),
         log_checkpoints=spec.tracking.log_checkpoints,
+        step_key=spec.step_key,
+        config_tags=plan.trial_tags,
+        checkpoint_root_files=_root_files(spec),
     )
     return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry))
+
+
+def _root_files(spec: SweepSpec) -> tuple[str, ...]:
+    """Files of a trial's final checkpoint that MLflow also gets at the run's root: a
+    language-model trial's greedy completions (the human-evaluation form reads them)."""
+    if spec.llm is None:
+        return ()
+    from haepo_ray.llm.train import GENERATIONS_FILE
+
+    return (GENERATIONS_FILE,)
 
 
 # --------------------------------------------------------------------------- run
@@ -183,7 +199,7 @@ def _fit(tuner):
 
 
 def run_sweep(
-    plan: SweepPlan,
+    plan: Plan,
     *,
     address: str | None = None,
     tracking_uri: str | None = None,

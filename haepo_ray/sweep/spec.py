@@ -251,9 +251,11 @@ class StopSpec(_Model):
             raise ValueError(f"give at least one stop criterion: {', '.join(STOP_KEYS)}")
         return self
 
-    def to_tune(self) -> dict[str, float]:
-        """Tune's stop dict: a trial stops when any result key reaches its value."""
-        return {STOP_KEYS[k]: getattr(self, k) for k in STOP_KEYS if getattr(self, k) is not None}
+    def to_tune(self, step_key: str = names.TRAINING_ITERATION) -> dict[str, float]:
+        """Tune's stop dict: a trial stops when any result key reaches its value
+        (``iterations`` counts ``step_key``)."""
+        keys = {**STOP_KEYS, "iterations": step_key}
+        return {keys[k]: getattr(self, k) for k in STOP_KEYS if getattr(self, k) is not None}
 
 
 class Resources(_Model):
@@ -266,6 +268,24 @@ class RaySettings(_Model):
     num_gpus: int | None = Field(None, ge=0)
 
 
+class LLMSpec(_Model):
+    """A language-model sweep (key ``llm``): each trial fine-tunes ``model`` on ``data`` with
+    Ray Train workers (:mod:`haepo_ray.sweep.llm_trainable`)."""
+
+    model: str = Field(min_length=1)
+    data: str = Field("aclsum", min_length=1)
+    num_workers: int = Field(1, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float | None = Field(None, gt=0, description="default 1 with use_gpu")
+
+    @model_validator(mode="after")
+    def _gpus(self) -> LLMSpec:
+        if self.gpus_per_worker is not None and not self.use_gpu:
+            raise ValueError("gpus_per_worker needs use_gpu: true")
+        return self
+
+
 class TrackingSettings(_Model):
     log_checkpoints: bool = True
     metrics: list[str] | None = None
@@ -274,16 +294,17 @@ class TrackingSettings(_Model):
 class SweepSpec(_Model):
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
-    algorithm: str
-    env: str
+    algorithm: str | None = None
+    env: str | None = None
     env_config: dict[str, Any] = Field(default_factory=dict)
+    llm: LLMSpec | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, Dim] = Field(default_factory=dict)
     search: SearchSettings = Field(default_factory=SearchSettings)
     scheduler: Scheduler = Field(default_factory=FIFOScheduler)
     metric: str = names.EPISODE_RETURN_MEAN
     mode: Literal["max", "min"] = "max"
-    stop: StopSpec
+    stop: StopSpec | None = None
     resources: Resources = Field(default_factory=Resources)
     max_concurrent_trials: int | None = Field(None, ge=1)
     reuse_actors: bool = True
@@ -297,6 +318,30 @@ class SweepSpec(_Model):
 
     # Not part of the YAML: where the spec came from.
     source: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _llm(self) -> SweepSpec:
+        if self.llm is None:
+            return self  # an RLSweepSpec: algorithm, env and stop are required
+        if self.env is not None or self.env_config:
+            raise ValueError("give env (an RL sweep) or llm (a language-model sweep), not both")
+        searched = "algorithm" in self.search_space
+        if (self.algorithm is None) == (not searched):
+            raise ValueError("a language-model sweep takes algorithm (HAEPO, GRPO or DPO) or "
+                             "search_space.algorithm (e.g. {grid: [HAEPO, GRPO, DPO]}), exactly one")
+        if isinstance(self.scheduler, PBTScheduler):
+            raise ValueError("scheduler pbt needs Tune checkpoints to exploit; language-model trials "
+                             "checkpoint through Ray Train: use fifo or asha")
+        if self.stop is not None and (self.stop.env_steps is not None or self.stop.episode_return_mean is not None):
+            raise ValueError("stop: a language-model sweep stops on iterations (RL updates) or seconds")
+        if not self.checkpoint_at_end:
+            raise ValueError("checkpoint_at_end: a language-model trial always checkpoints at the end "
+                             "(its generations are logged from that checkpoint)")
+        if "metric" not in self.model_fields_set:
+            self.metric = names.LLM_REWARD
+        if "max_concurrent_trials" not in self.model_fields_set:
+            self.max_concurrent_trials = 1  # Tune does not count the Ray Train workers
+        return self
 
     @model_validator(mode="after")
     def _search_fits_space(self) -> SweepSpec:
@@ -323,8 +368,20 @@ class SweepSpec(_Model):
     def experiment(self) -> str:
         return self.name or "sweep"
 
+    @property
+    def step_key(self) -> str:
+        """The result key that counts a trial's steps: Tune's training iteration, or for a
+        language-model trial the RL update (which a trial restarted from a Ray Train checkpoint
+        continues, where Tune's count starts again)."""
+        return names.LLM_UPDATE if self.llm else names.TRAINING_ITERATION
+
+    @property
+    def label(self) -> str:
+        """What the trials train on, for their names: the env, or ``llm_<model>``."""
+        return f"llm_{self.llm.model}" if self.llm else str(self.env)
+
     def stop_dict(self) -> dict[str, float]:
-        return self.stop.to_tune()
+        return self.stop.to_tune(self.step_key) if self.stop else {}
 
     def resolved_yaml(self) -> str:
         """The spec with every default filled in, as YAML (the MLflow parent artifact)."""
@@ -335,6 +392,14 @@ class SweepSpec(_Model):
                 k: {d["kind"]: d["values"]} for k, d in data["scheduler"]["mutations"].items()
             }
         return yaml.safe_dump(data, sort_keys=False)
+
+
+class RLSweepSpec(SweepSpec):
+    """A spec without ``llm``: an RLlib algorithm on an env, which a stop rule ends."""
+
+    algorithm: str
+    env: str
+    stop: StopSpec
 
 
 # --------------------------------------------------------------------------- errors
@@ -422,7 +487,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
     if not isinstance(data, Mapping):
         raise SpecError(f"{source}: a spec is a YAML mapping (key: value), got {type(data).__name__}")
     try:
-        spec = SweepSpec.model_validate(dict(data))
+        spec = (SweepSpec if "llm" in data else RLSweepSpec).model_validate(dict(data))
     except ValidationError as err:
         raise SpecError(_format_validation_error(err, source)) from None
     spec.source = source

@@ -4,10 +4,10 @@ search algorithm, scheduler, ``TuneConfig``, ``RunConfig`` and the live trial ta
 from __future__ import annotations
 
 from haepo_ray import names
-from haepo_ray.sweep.plan import SweepPlan
+from haepo_ray.sweep.plan import Plan
 
 
-def search_algorithm(plan: SweepPlan):
+def search_algorithm(plan: Plan):
     """Optuna TPE, or Tune's grid/random variant generator (seeded by ``search.seed``)."""
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -26,22 +26,23 @@ def search_algorithm(plan: SweepPlan):
 
 
 class TrialNamer:
-    """``<algorithm>_<env>_<trial id>`` (Tune's own format, whichever trainable runs it)."""
+    """``<algorithm>_<env>_<trial id>`` (Tune's own format, whichever trainable runs it);
+    ``llm_<model>_<trial id>`` in a language-model sweep over algorithms."""
 
-    def __init__(self, algorithm: str, env: str):
-        self.prefix = f"{algorithm}_{env}".replace("/", "_")
+    def __init__(self, algorithm: str | None, label: str):
+        self.prefix = "_".join(p for p in (algorithm, label) if p).replace("/", "_")
 
     def __call__(self, trial) -> str:
         return f"{self.prefix}_{trial.trial_id}"
 
 
-def scheduler(plan: SweepPlan):
+def scheduler(plan: Plan):
     """FIFO, ASHA or Population Based Training over training iterations."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     s = plan.spec.scheduler
     if s.type == "asha":
-        return ASHAScheduler(time_attr=names.TRAINING_ITERATION, max_t=s.max_t,
+        return ASHAScheduler(time_attr=plan.spec.step_key, max_t=s.max_t,
                              grace_period=s.grace_period, reduction_factor=s.reduction_factor)
     if s.type == "pbt":
         import random
@@ -58,7 +59,7 @@ def scheduler(plan: SweepPlan):
     return FIFOScheduler()
 
 
-def tune_config(plan: SweepPlan):
+def tune_config(plan: Plan):
     from ray import tune
 
     spec = plan.spec
@@ -69,20 +70,23 @@ def tune_config(plan: SweepPlan):
         search_alg=search_algorithm(plan),
         scheduler=scheduler(plan),
         reuse_actors=spec.reuse_actors,
-        trial_name_creator=TrialNamer(spec.algorithm, spec.env),
+        trial_name_creator=TrialNamer(spec.algorithm, spec.label),
     )
 
 
-def progress_reporter(plan: SweepPlan):
+def progress_reporter(plan: Plan):
     """The live trial table: search values, iteration, time, env steps, the metric."""
     from ray import tune
 
-    metrics = {
-        names.TRAINING_ITERATION: "iter",
-        names.TIME_TOTAL_S: "time (s)",
-        names.ENV_STEPS: "env steps",
-        names.EPISODE_RETURN_MEAN: "return",
-    }
+    if plan.spec.llm:
+        metrics = {names.LLM_UPDATE: "update", names.LLM_TRAIN_TIME: "time (s)", names.LLM_REWARD: "reward"}
+    else:
+        metrics = {
+            names.TRAINING_ITERATION: "iter",
+            names.TIME_TOTAL_S: "time (s)",
+            names.ENV_STEPS: "env steps",
+            names.EPISODE_RETURN_MEAN: "return",
+        }
     metrics.setdefault(plan.spec.metric, plan.spec.metric.rsplit("/", 1)[-1])
     return tune.CLIReporter(
         metric_columns=metrics,
@@ -93,7 +97,7 @@ def progress_reporter(plan: SweepPlan):
     )
 
 
-def run_config(plan: SweepPlan, *, storage_path: str, name: str, callbacks: list, verbose: int = 1):
+def run_config(plan: Plan, *, storage_path: str, name: str, callbacks: list, verbose: int = 1):
     from ray import tune
 
     spec = plan.spec
@@ -103,7 +107,8 @@ def run_config(plan: SweepPlan, *, storage_path: str, name: str, callbacks: list
         storage_path=storage_path,
         stop=spec.stop_dict(),
         callbacks=callbacks,
-        checkpoint_config=tune.CheckpointConfig(
+        # Language-model trials checkpoint through Ray Train (haepo_ray.sweep.llm_trainable).
+        checkpoint_config=tune.CheckpointConfig() if spec.llm else tune.CheckpointConfig(
             checkpoint_frequency=spec.checkpoint_frequency,
             checkpoint_at_end=spec.checkpoint_at_end,
             num_to_keep=spec.keep_checkpoints,

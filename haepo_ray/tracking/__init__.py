@@ -14,6 +14,7 @@ from haepo_ray.tracking.callback import MLflowSweepCallback, SweepTracking
 from haepo_ray.tracking.queries import find_sweep_runs, search_all_runs
 from haepo_ray.tracking.schema import (
     DEFAULT_METRICS,
+    LLM_METRICS,
     SWEEP_ROLE,
     TRIAL_ROLE,
     best,
@@ -28,6 +29,7 @@ from haepo_ray.tracking.retry import NotLogged, RetryPolicy
 
 __all__ = [
     "DEFAULT_METRICS",
+    "LLM_METRICS",
     "SWEEP_ROLE",
     "TRIAL_ROLE",
     "MLflowSweepCallback",

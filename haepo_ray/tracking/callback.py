@@ -81,6 +81,10 @@ class SweepTracking:
         config_metrics: config keys logged as ``config/<key>`` metrics every iteration (the
             values Population Based Training mutates).
         log_checkpoints: upload each trial's final checkpoint.
+        step_key: the result key that is the MLflow step (language-model trials: the update).
+        config_tags: tag -> trial config key, tags whose value differs between trials.
+        checkpoint_root_files: files of the final checkpoint also logged at the run's root
+            (``generations.jsonl``, which the human-evaluation form reads).
     """
 
     tracking_uri: str
@@ -100,15 +104,19 @@ class SweepTracking:
     metrics: tuple[str, ...] | None = DEFAULT_METRICS
     config_metrics: tuple[str, ...] = ()
     log_checkpoints: bool = True
+    step_key: str = names.TRAINING_ITERATION
+    config_tags: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_root_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in ("max", "min"):
             raise ValueError(f"SweepTracking.mode must be 'max' or 'min', got {self.mode!r}")
         # Own copies: the settings must not change under the callback (or in its pickle).
-        for name in ("parent_params", "parent_tags", "trial_tags", "search_keys"):
+        for name in ("parent_params", "parent_tags", "trial_tags", "search_keys", "config_tags"):
             object.__setattr__(self, name, dict(getattr(self, name)))
         object.__setattr__(self, "metrics", tuple(self.metrics or DEFAULT_METRICS))
         object.__setattr__(self, "config_metrics", tuple(self.config_metrics))
+        object.__setattr__(self, "checkpoint_root_files", tuple(self.checkpoint_root_files))
         if self.sweep_dir is not None:
             object.__setattr__(self, "sweep_dir", str(self.sweep_dir))
 
@@ -262,7 +270,7 @@ class MLflowSweepCallback(Callback):
                 continue  # its end was written, so was everything queued before it
             self._enqueue_start(trial)
             for row in _results_on_disk(trial):
-                step = int(row.get(names.TRAINING_ITERATION, 0) or 0)
+                step = int(row.get(self.settings.step_key, 0) or 0)
                 ts = int(float(row.get("timestamp", time.time())) * 1000)
                 self._writer.put(Metrics(trial.trial_id, step, ts, select_metrics(row, self.settings.metrics)))
             if status == "TERMINATED" and logged != "FINISHED":
@@ -287,7 +295,7 @@ class MLflowSweepCallback(Callback):
         if not self._active():
             return
         self._enqueue_start(trial)
-        step = int(result.get(names.TRAINING_ITERATION, 0) or 0)
+        step = int(result.get(self.settings.step_key, 0) or 0)
         values = select_metrics(result, self.settings.metrics)
         config = result.get("config") or trial.config or {}
         for key in self.settings.config_metrics:
@@ -368,6 +376,7 @@ class MLflowSweepCallback(Callback):
         }
         if "seed" in config:
             tags[names.SEED] = str(config["seed"])
+        tags.update({tag: str(config[key]) for tag, key in s.config_tags.items() if key in config})
         if s.search_keys:
             tags[names.SEARCH_VALUES] = json.dumps(
                 {name: config.get(key) for name, key in s.search_keys.items()}, default=str, sort_keys=True)
@@ -375,12 +384,22 @@ class MLflowSweepCallback(Callback):
 
     def _enqueue_end(self, trial, status: str, error: str | None = None) -> None:
         checkpoint = _checkpoint_of(trial) if self.settings.log_checkpoints else None
-        self._writer.put(EndRun(trial.trial_id, status, checkpoint, error, trial.num_failures))
+        self._writer.put(EndRun(trial.trial_id, status, checkpoint, error, trial.num_failures,
+                                self.settings.checkpoint_root_files))
 
 
 def _checkpoint_of(trial) -> Any:
+    """Tune's checkpoint of the trial, or the one Ray Train reported last (a Train run inside
+    the trial keeps its checkpoints itself and reports their path)."""
     try:
-        return trial.checkpoint
+        if trial.checkpoint is not None:
+            return trial.checkpoint
+        path = (trial.last_result or {}).get(names.CHECKPOINT_PATH)
+        if not path:
+            return None
+        from ray.train import Checkpoint
+
+        return Checkpoint(path, filesystem=trial.storage.storage_filesystem)
     except Exception:  # pragma: no cover - Tune internals
         return None
 

@@ -42,6 +42,24 @@ DEFAULT_METRICS = (
     "learners/*",
 )
 
+# The same for language-model trials (haepo_ray.sweep.llm_trainable): every value of the
+# update's metric row.
+LLM_METRICS = (
+    names.LLM_UPDATE,
+    names.LLM_TRAIN_TIME,
+    names.TIME_TOTAL_S,
+    names.LLM_REWARD,
+    names.LLM_ROUGE_L,
+    names.LLM_SEMANTIC_SIMILARITY,
+    names.LLM_PROFANITY_RATE,
+    names.LLM_COMPLETION_LENGTH,
+    names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
+    names.LLM_KL,
+    names.LLM_LOSS,
+    names.LLM_UPDATE_TIME,
+    f"{names.LLM_PEAK_MEMORY}/*",
+)
+
 # MLflow's limits: items per log_batch call, lengths of values and keys.
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -75,6 +76,7 @@ class EndRun:
     checkpoint: Any
     error: str | None
     num_failures: int
+    root_files: tuple[str, ...] = ()  # files of the checkpoint also logged at the run's root
 
 
 @dataclass(frozen=True)
@@ -322,22 +324,28 @@ class MLflowWriter:
             tags[names.ERROR] = msg.error[-MAX_TAG_VALUE:]
         self._log_tags(msg.trial_id, tags)
         if msg.checkpoint is not None:
-            self._log_checkpoint(msg.trial_id, run_id, msg.checkpoint)
+            self._log_checkpoint(msg.trial_id, run_id, msg.checkpoint, msg.root_files)
         self.calls.call("status", msg.trial_id, f"status {msg.status}",
                         lambda: self.client.set_terminated(run_id, status=msg.status))
 
-    def _log_checkpoint(self, trial_id: str, run_id: str, checkpoint) -> None:
+    def _log_checkpoint(self, trial_id: str, run_id: str, checkpoint, root_files: tuple[str, ...]) -> None:
         path = getattr(checkpoint, "path", None)
+
+        def log(local: str) -> None:
+            self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
+            for name in root_files:
+                if os.path.isfile(os.path.join(local, name)):
+                    self.client.log_artifact(run_id, os.path.join(local, name))
 
         def upload() -> None:
             import pyarrow.fs
 
             fs = getattr(checkpoint, "filesystem", None)
             if fs is None or isinstance(fs, pyarrow.fs.LocalFileSystem):
-                self.client.log_artifacts(run_id, path, artifact_path="checkpoint")
+                log(path)
             else:
                 with checkpoint.as_directory() as local:
-                    self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
+                    log(local)
             self.client.set_tag(run_id, names.CHECKPOINT, str(path))
 
         self.calls.call("artifact", trial_id, f"final checkpoint {path}", upload)

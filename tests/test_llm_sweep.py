@@ -1,0 +1,199 @@
+"""Language-model sweeps end to end: each trial a Ray Train ``TorchTrainer`` in ``haepo sweep``.
+
+- tune_configs/llm_smoke.yaml (HAEPO, GRPO, DPO x 2 seeds on the tiny LM) against a real
+  ``mlflow server``: one parent, one child per trial with its algorithm and model tags, every
+  update's metrics once, generations.jsonl at the run's root and the final checkpoint;
+- a trial on 2 CPU workers (gloo) ends with the weights of the same trial on 1 worker;
+- a trial whose worker is killed mid-run resumes from its Ray Train checkpoint, with each
+  update in MLflow once;
+- spec errors name the key.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from haepo_ray import names
+from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.runner import run_sweep
+from haepo_ray.sweep.spec import SpecError
+from haepo_ray.tracking import find_sweep_runs
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "tune_configs" / "llm_smoke.yaml"
+UPDATE_METRICS = (names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILARITY, names.LLM_PROFANITY_RATE,
+                  names.LLM_COMPLETION_LENGTH, names.LLM_EFFECTIVE_NUM_TRAJECTORIES, names.LLM_KL,
+                  names.LLM_UPDATE_TIME, names.LLM_TRAIN_TIME, f"{names.LLM_PEAK_MEMORY}/generation",
+                  f"{names.LLM_PEAK_MEMORY}/forward_backward")
+
+
+def smoke_spec(**changes) -> dict:
+    spec = yaml.safe_load(SMOKE.read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def update_history(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_llm_smoke_sweep_on_an_mlflow_server(ray_session, tmp_path, monkeypatch):
+    from test_tracking import MLflowServer
+
+    monkeypatch.chdir(tmp_path)
+    server = MLflowServer(tmp_path)
+    try:
+        result = run_sweep(load_plan(SMOKE), tracking_uri=server.uri, storage_path=str(tmp_path / "results"),
+                           out=io.StringIO(), verbose=0)
+        client = MlflowClient(server.uri)
+        parent, children = find_sweep_runs(server.uri, "llm_smoke", result.parent_run_id)
+    finally:
+        server.kill()  # (the runs were read while it lived)
+    updates = yaml.safe_load(SMOKE.read_text())["settings"]["rl_updates"]
+    assert [t.status for t in result.trials] == ["TERMINATED"] * 6
+    assert all(t.iterations == updates for t in result.trials)
+    assert not result.not_logged
+    assert parent.data.tags[names.MODEL] == "tiny" and parent.data.params["llm/num_workers"] == "1"
+    assert parent.info.status == "FINISHED"
+    assert len(children) == 6
+    seen = set()
+    for child in children:
+        tags, params = child.data.tags, child.data.params
+        assert tags[names.ROLE] == "trial" and tags[names.PARENT_RUN] == parent.info.run_id
+        assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
+        seen.add((tags[names.ALGORITHM], tags[names.SEED]))
+        assert params["ray_train/num_workers"] == "1" and params["rl_updates"] == str(updates)
+        for key in UPDATE_METRICS:
+            assert update_history(client, child.info.run_id, key) == list(range(1, updates + 1)), key
+        assert 0 <= child.data.metrics[names.LLM_REWARD] <= 1
+    assert seen == {(a, s) for a in ("HAEPO", "GRPO", "DPO") for s in ("0", "1")}
+    # generations.jsonl at the run's root (the evaluation form reads it), beside the checkpoint.
+    artifacts = tmp_path / "artifacts"
+    generations = list(artifacts.rglob("generations.jsonl"))
+    assert len([p for p in generations if p.parent.name == "artifacts"]) == 6
+    rows = [json.loads(line) for line in generations[0].read_text().splitlines()]
+    assert rows and {r["model"] for r in rows} == {"tiny"} and {r["update"] for r in rows} == {updates}
+    assert len(list(artifacts.rglob("checkpoint/state.pt"))) == 6
+    best = max(children, key=lambda r: r.data.metrics[names.LLM_REWARD])
+    assert parent.data.tags[names.BEST_RUN_ID] == best.info.run_id
+
+
+def _final_checkpoint(result) -> Path:
+    (trial,) = result.trials
+    folders = Path(result.run_dir).glob(f"*_{trial.trial_id}_*/train/checkpoint_*")
+    return max(folders, key=lambda p: p.name)
+
+
+def test_two_workers_train_what_one_worker_trains(ray_session, tmp_path, monkeypatch):
+    """Whole prompt groups per worker, gradients summed: the same updates on the same prompts.
+    (Rewards come from float32 MiniLM embeddings, batched differently: hence not bitwise.)"""
+    monkeypatch.chdir(tmp_path)
+    runs = []
+    for workers in (1, 2):
+        spec = smoke_spec(name=f"workers{workers}", llm={"num_workers": workers, "cpus_per_worker": 0.5},
+                          search_space={}, algorithm="HAEPO",
+                          settings={"rl_updates": 2, "sft_examples": 4, "dtype": "float64"})
+        result = run_sweep(parse_plan(spec, f"workers{workers}.yaml"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                           storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
+        assert [t.status for t in result.trials] == ["TERMINATED"]
+        runs.append(_final_checkpoint(result))
+    one, two = (torch.load(run / "state.pt", weights_only=True)["model"] for run in runs)
+    assert one.keys() == two.keys() and one
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-6, msg=key)
+    # The losses, rewards and KL of every SFT step and update agree (Adam would hide a wrong
+    # gradient scale in the weights; the reported losses would not).
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
+    assert [r["update"] for r in rows[0]] == [r["update"] for r in rows[1]] == [1, 2, 1, 2]
+    for a, b in zip(*rows, strict=True):
+        for key in ("loss", "reward_mean", "kl", "completion_length"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-8), (a["phase"], a["update"], key)
+    # ... and training moved the weights: the comparison is not between two untrained models.
+    from haepo_ray.llm.train import LLMRun, LLMTrainSettings
+
+    fresh = LLMRun(LLMTrainSettings(model="tiny", dtype="float64", eval_prompts=2), tmp_path / "fresh").model
+    assert any(not torch.equal(fresh.state_dict()[k], one[k]) for k in one)
+
+
+class KillWorkerAt:
+    """Kills the trial's Ray Train worker (SIGKILL) once it has checkpointed update ``at``."""
+
+    def __init__(self, results: Path, at: int):
+        self.results, self.at, self.killed = results, at, False
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        import psutil
+
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not self.killed:
+            for state in self.results.rglob("train/checkpoint_*/state.pt"):
+                try:
+                    update = torch.load(state, weights_only=True)["update"]
+                except Exception:  # still being written
+                    continue
+                if update >= self.at:
+                    for proc in psutil.process_iter(["cmdline"]):
+                        if "RayTrainWorker" in " ".join(proc.info["cmdline"] or []):
+                            os.kill(proc.pid, signal.SIGKILL)
+                            self.killed = True
+                    break
+            time.sleep(0.2)
+
+
+def test_killed_worker_resumes_from_its_checkpoint_without_duplicate_steps(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = smoke_spec(name="killed", search_space={}, algorithm="GRPO", max_failures=1, checkpoint_frequency=1,
+                      settings={"rl_updates": 12})
+    killer = KillWorkerAt(tmp_path / "results", at=2)
+    killer.thread.start()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_sweep(parse_plan(spec, "killed.yaml"), tracking_uri=uri, storage_path=str(tmp_path / "results"),
+                       out=io.StringIO(), verbose=0)
+    assert killer.killed, "the worker was not killed"
+    (trial,) = result.trials
+    assert trial.status == "TERMINATED" and trial.num_failures == 1 and trial.iterations == 12
+    client = MlflowClient(uri)
+    _, (child,) = find_sweep_runs(uri, "killed", result.parent_run_id)
+    assert child.info.status == "FINISHED"
+    for key in UPDATE_METRICS:
+        assert update_history(client, child.info.run_id, key) == list(range(1, 13)), key
+    # The restarted trial went on from a checkpoint: it did not run SFT and update 1 again.
+    rows = [json.loads(line) for line in (_final_checkpoint(result) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows if r["phase"] == "rl"] == list(range(1, 13))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"env": "CartPole-v1"}, "give env (an RL sweep) or llm (a language-model sweep), not both"),
+    ({"algorithm": "HAEPO"}, "algorithm (HAEPO, GRPO or DPO) or search_space.algorithm"),
+    ({"settings": {"lerning_rate": 0.1}}, "settings.lerning_rate: not a language-model setting"),
+    ({"settings": {"model": "smollm2"}}, "settings.model: not a language-model setting (set llm.model)"),
+    ({"settings": {"batch_size": 3}, "llm": {"model": "tiny", "num_workers": 2}},
+     "must be a multiple of llm.num_workers (2)"),
+    ({"settings": {"beta_kl": -1.0}}, "beta_kl must be a finite number >= 0"),
+    ({"scheduler": {"type": "pbt", "mutations": {"lr": {"uniform": [0.1, 0.2]}}}}, "use fifo or asha"),
+    ({"stop": {"env_steps": 100}}, "stops on iterations (RL updates) or seconds"),
+    ({"llm": {"model": "tiny", "gpus_per_worker": 0.5}}, "gpus_per_worker needs use_gpu: true"),
+])
+def test_llm_spec_errors_name_the_key(change, message):
+    spec = yaml.safe_load(SMOKE.read_text())
+    spec.update(change)
+    with pytest.raises(SpecError) as err:
+        parse_plan(spec, "llm.yaml")
+    assert message in str(err.value) and "llm.yaml" in str(err.value)
