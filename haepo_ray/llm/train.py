@@ -1,7 +1,8 @@
 """SFT warm-up, then RL updates with HAEPO, GRPO or DPO; writes what part 2 logs and evaluates.
 
 The paper's protocol (Sec. "LLM TL;DR"): the examples are split 50/50 into a supervised half
-and an RL half (after holding out evaluation prompts); ``sft_examples`` supervised examples,
+and an RL half (after holding out evaluation prompts; the split depends on ``split_seed``, not
+on the run's ``seed``, so every seed and algorithm is evaluated on the same prompts); ``sft_examples`` supervised examples,
 then ``rl_updates`` updates of ``batch_prompts`` prompts x ``group_size`` completions, every
 method starting from the same SFT checkpoint, which is also the frozen reference policy.
 
@@ -110,13 +111,14 @@ class LLMTrainSettings:
     max_source_words: int = 300
     micro_batch_size: int = 1
     eval_prompts: int = 8
+    split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
     eval_every: int = 0
     reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
 
     def __post_init__(self) -> None:
         counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
                   "max_new_tokens": 1, "min_new_tokens": 1, "max_source_words": 1, "micro_batch_size": 0,
-                  "eval_prompts": 1, "eval_every": 0}
+                  "eval_prompts": 1, "eval_every": 0, "split_seed": 0}
         for name, low in counts.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -197,12 +199,13 @@ class LLMRun:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
         torch.manual_seed(settings.seed)
-        self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.seed)
+        self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.split_seed)
         self.model, self.tokenizer = load_model(
             settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
             seed=settings.seed, dtype=DTYPES[settings.dtype])
         self.model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
         self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
+        summary_metrics(["warm up"], ["warm up"])  # loads the encoder and scorers outside the timed updates
         self.callback = callback
         self.writer = _Writer(self.out if world.is_main else None, callback)
         self.reference: Any = None
