@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -52,18 +53,29 @@ def update_history(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def test_llm_smoke_sweep_on_an_mlflow_server(ray_session, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def smoke(ray_session, tmp_path_factory):
+    """tune_configs/llm_smoke.yaml run once against a real ``mlflow server`` (kept up for the
+    module's tests): (server, result, folder)."""
     from test_tracking import MLflowServer
 
-    monkeypatch.chdir(tmp_path)
-    server = MLflowServer(tmp_path)
+    folder = tmp_path_factory.mktemp("llm_smoke")
+    cwd = os.getcwd()
+    os.chdir(folder)
+    server = MLflowServer(folder)
     try:
-        result = run_sweep(load_plan(SMOKE), tracking_uri=server.uri, storage_path=str(tmp_path / "results"),
+        result = run_sweep(load_plan(SMOKE), tracking_uri=server.uri, storage_path=str(folder / "results"),
                            out=io.StringIO(), verbose=0)
-        client = MlflowClient(server.uri)
-        parent, children = find_sweep_runs(server.uri, "llm_smoke", result.parent_run_id)
+        yield server, result, folder
     finally:
-        server.kill()  # (the runs were read while it lived)
+        server.kill()
+        os.chdir(cwd)
+
+
+def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
+    server, result, folder = smoke
+    client = MlflowClient(server.uri)
+    parent, children = find_sweep_runs(server.uri, "llm_smoke", result.parent_run_id)
     updates = yaml.safe_load(SMOKE.read_text())["settings"]["rl_updates"]
     assert [t.status for t in result.trials] == ["TERMINATED"] * 6
     assert all(t.iterations == updates for t in result.trials)
@@ -83,14 +95,28 @@ def test_llm_smoke_sweep_on_an_mlflow_server(ray_session, tmp_path, monkeypatch)
         assert 0 <= child.data.metrics[names.LLM_REWARD] <= 1
     assert seen == {(a, s) for a in ("HAEPO", "GRPO", "DPO") for s in ("0", "1")}
     # generations.jsonl at the run's root (the evaluation form reads it), beside the checkpoint.
-    artifacts = tmp_path / "artifacts"
-    generations = list(artifacts.rglob("generations.jsonl"))
-    assert len([p for p in generations if p.parent.name == "artifacts"]) == 6
+    artifacts = folder / "artifacts"
+    generations = [p for p in artifacts.rglob("generations.jsonl") if p.parent.name == "artifacts"]
+    assert len(generations) == 6
     rows = [json.loads(line) for line in generations[0].read_text().splitlines()]
     assert rows and {r["model"] for r in rows} == {"tiny"} and {r["update"] for r in rows} == {updates}
     assert len(list(artifacts.rglob("checkpoint/state.pt"))) == 6
     best = max(children, key=lambda r: r.data.metrics[names.LLM_REWARD])
     assert parent.data.tags[names.BEST_RUN_ID] == best.info.run_id
+
+
+def test_eval_form_from_the_smoke_sweep(smoke, tmp_path, capsys):
+    """Every seed holds out the same prompts, so the form finds posts every algorithm answered."""
+    server, _, _ = smoke
+    from haepo_ray.cli import main
+
+    assert main(["llm", "eval-form", "--experiment", "llm_smoke", "--tracking-uri", server.uri,
+                 "--out", str(tmp_path / "eval"), "--posts", "2", "--seed", "0"]) == 0
+    form = (tmp_path / "eval" / "form.html").read_text()
+    with (tmp_path / "eval" / "key.csv").open() as f:
+        key = list(csv.DictReader(f))
+    assert {row["algorithm"] for row in key} == {"HAEPO", "GRPO", "DPO"} and len(key) == 6
+    assert not any(row["run_id"] in form for row in key) and "HAEPO" not in form
 
 
 def _final_checkpoint(result) -> Path:

@@ -24,6 +24,7 @@ from haepo_ray.sweep.spec import SpecError, SweepSpec
 
 RAY_TRAIN = "ray_train"  # the trial config's key for the workers and checkpoints
 BATCH_SIZE_ALIAS = "batch_size"
+RENAMES = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}  # spec name -> settings field
 _FROM_SPEC = ("algo", "model", "data", "device")  # set by algorithm, llm.model, llm.data, llm.use_gpu
 
 
@@ -76,13 +77,8 @@ class LLMPlan:
             "checkpoint_frequency": spec.checkpoint_frequency,
             "keep_checkpoints": spec.keep_checkpoints,
         }
-        keys = {name: _renamed({name: None}).popitem()[0] for name in spec.search_space}
-        plan = cls(spec, base, keys)
-        try:  # the fixed part must already make valid settings (each trial is checked in dry-run)
-            plan.trial_config({})
-        except SpecError as err:
-            raise SpecError(f"{source}: settings: {err}") from None
-        return plan
+        keys = {name: RENAMES.get(name, name) for name in spec.search_space}
+        return checked(cls(spec, base, keys))
 
     @property
     def title(self) -> str:
@@ -140,10 +136,19 @@ class LLMPlan:
         return {names.ALGORITHM: "algo", names.MODEL: "model", names.DATA: "data"}
 
 
+def checked(plan):
+    """``plan``, once its fixed part (no search values) makes a valid trial; each planned trial
+    is checked by ``haepo sweep --dry-run``."""
+    try:
+        plan.trial_config({})
+    except SpecError as err:
+        raise SpecError(f"{plan.spec.source or '<spec>'}: settings: {err}") from None
+    return plan
+
+
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:
     """Spec names -> LLMTrainSettings fields."""
-    rename = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}
-    return {rename.get(k, k): v for k, v in values.items()}
+    return {RENAMES.get(k, k): v for k, v in values.items()}
 
 
 def _worker_resources(spec: SweepSpec) -> dict[str, float]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from haepo_ray import configs
 from haepo_ray.registry import UnknownAlgorithm
-from haepo_ray.sweep.llm_plan import LLMPlan
+from haepo_ray.sweep.llm_plan import LLMPlan, checked
 from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec, load_spec, parse_spec
 
 
@@ -55,12 +55,7 @@ class SweepPlan:
         mutations = {configs.config_key(base, name): list(dim.values) if dim.kind == "choice" else dim.to_tune()
                      for name, dim in mutations_spec.items()}
         search_keys.update({key: key for key in mutations})
-        plan = cls(spec, base.algo_class, base, search_keys, mutations)
-        try:  # the fixed part must already make a valid config (each trial is checked in dry-run)
-            plan.trial_config({})
-        except SpecError as err:
-            raise SpecError(f"{source}: settings: {err}") from None
-        return plan
+        return checked(cls(spec, base.algo_class, base, search_keys, mutations))
 
     @property
     def title(self) -> str:
