@@ -1,7 +1,9 @@
 """Sampling speed of HAEPO's env runner against the machine's ceiling and RLlib's loop.
 
-Every set-up samples CartPole-v1 with the initial policy (MLP 128), torch on one thread,
-in one process; repetitions are interleaved (A B C ... A B C ...) so that drift in the
+Every set-up samples CartPole-v1 with the same MLP-128 policy, torch on one thread, in one
+process: ``--policy initial`` (default; random weights, episodes of about 22 steps) or
+``--policy balancing`` (weights set by hand to a stochastic pole-balancing controller,
+episodes of about 490 steps, as late in a CartPole training run); repetitions are interleaved (A B C ... A B C ...) so that drift in the
 machine's load hits all of them, and each ratio is taken within a repetition, then the
 median over repetitions is reported.
 
@@ -18,7 +20,8 @@ median over repetitions is reported.
 - ``RLlib's loop, N envs``: the same runner forced onto RLlib's loop (a callback with a
   per-step hook; with several envs it samples in HAEPO's rounds), for reference.
 
-    python bench/sampling_speed.py [--reps 7] [--steps 4000] [--envs 8 16]
+    python bench/sampling_speed.py [--reps 7] [--steps 4000] [--envs 8 16] [--rllib-loop]
+    python bench/sampling_speed.py --profile 16    # where the runner's time goes, N = M = 16
 """
 
 from __future__ import annotations
@@ -33,12 +36,43 @@ from collections.abc import Callable
 import numpy as np
 
 
+BALANCING = ([0.1, 0.5, 1.0, 0.5], 20.0)  # P(push right) = sigmoid(20 * w . obs)
+
+
+def make_balancing(linears: list) -> None:
+    """Sets an MLP obs-128-2 (its two Linear layers) to the balancing controller: hidden
+    units 0 and 1 are relu(+-w . obs), logit(right) - logit(left) = k * w . obs."""
+    import torch
+
+    (w, k), (hidden, out) = BALANCING, linears
+    with torch.no_grad():
+        for layer in linears:
+            layer.weight.zero_()
+            layer.bias.zero_()
+        hidden.weight[0] = torch.tensor(w)
+        hidden.weight[1] = -torch.tensor(w)
+        out.weight[1, 0], out.weight[1, 1] = k, -k
+
+
+POLICY = {"name": "initial"}  # set from --policy
+
+
+def linear_layers(module) -> list:
+    import torch
+
+    layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 2, layers
+    return layers
+
+
 def plain_policy(seed: int):
     """The MLP-128 policy as a user without RLlib writes it: obs -> (actions, log-probs)."""
     import torch
 
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(4, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))
+    if POLICY["name"] == "balancing":
+        make_balancing(linear_layers(net))
 
     def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with torch.no_grad():
@@ -108,6 +142,8 @@ def haepo_runner(n: int, steps: int, lean: bool, algos: list):
     algos.append(algo)
     runner = algo.env_runner_group.local_env_runner
     assert (runner._lean_path_blocker() is None) == lean
+    if POLICY["name"] == "balancing":
+        make_balancing(linear_layers(runner.module))
 
     def run() -> int:
         counted = 0
@@ -118,6 +154,55 @@ def haepo_runner(n: int, steps: int, lean: bool, algos: list):
     return run
 
 
+# Where the runner's time goes: (file name, function) whose cumulative time makes each part.
+PROFILE_PARTS = {
+    "vector env step": [("cartpole.py", "step")],
+    "module forward pass": [("torch_rl_module.py", "_forward_exploration")],
+    "action distribution (build, sample, log-prob)": [
+        ("torch_distribution.py", "from_logits"), ("torch_distribution.py", "sample"),
+        ("torch_distribution.py", "logp")],
+    "observations to tensor": [("lean.py", "to_tensor")],
+    "cutting episodes out of the step log": [("lean.py", "cut")],
+    "SingleAgentEpisode objects, on_episode_end": [("env_runner.py", "_to_episode")],
+    "RLlib's sampling metrics": [("rllib_private.py", "record_sampled")],
+}
+
+
+def profile(n: int, batches: int) -> None:
+    """cProfile of ``batches`` runner batches (N = M = n), grouped into PROFILE_PARTS."""
+    import cProfile
+    import pstats
+
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    algos: list = []
+    run = haepo_runner(n, 1, True, algos)
+    run()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(batches):
+        run()
+    profiler.disable()
+    cumulative: dict[tuple[str, str], float] = {}
+    for (filename, _, function), (_, _, _, cum, _) in pstats.Stats(profiler).stats.items():
+        key = (os.path.basename(filename), function)
+        cumulative[key] = cumulative.get(key, 0.0) + cum
+    total = cumulative[("env_runner.py", "sample")]
+    print(f"load average {os.getloadavg()}; {batches} batches, {total:.2f} s under cProfile")
+    print("| part | share of HAEPOEnvRunner.sample |")
+    print("|---|---|")
+    parts = {name: sum(cumulative.get(key, 0.0) for key in keys) for name, keys in PROFILE_PARTS.items()}
+    for name, seconds in parts.items():
+        print(f"| {name} | {seconds / total:.0%} |")
+    print(f"| the rest (step loop bookkeeping, RLlib's sample() around it) | {1 - sum(parts.values()) / total:.0%} |")
+    for algo in algos:
+        algo.stop()
+    ray.shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=int, default=7)
@@ -125,7 +210,13 @@ def main() -> None:
     p.add_argument("--envs", type=int, nargs="+", default=[8, 16], help="N (= M)")
     p.add_argument("--rllib-loop", action="store_true", help="also time RLlib's loop (slow)")
     p.add_argument("--out", default="bench/results/sampling_speed.json")
+    p.add_argument("--policy", choices=["initial", "balancing"], default="initial")
+    p.add_argument("--profile", type=int, metavar="N", help="only profile the runner with N = M envs")
     args = p.parse_args()
+    POLICY["name"] = args.policy
+    if args.profile:
+        profile(args.profile, batches=60)
+        return
 
     import ray
     import torch

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
@@ -112,15 +113,17 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
         return episodes
 
     def _to_episode(self, trajectory: lean.Trajectory) -> SingleAgentEpisode:
-        """The trajectory as RLlib's loop would have built it, after ``on_episode_end``."""
-        seq_no = rllib_private.weights_seq_no(self)
+        """The trajectory as RLlib's loop would have built it, after ``on_episode_end``:
+        numpy data, or per-step lists where the config keeps episodes as lists."""
+        column = (lambda a: a) if self.episodes_to_numpy else list
         episode = SingleAgentEpisode(
-            observations=trajectory.observations, infos=trajectory.infos, actions=trajectory.actions,
-            rewards=trajectory.rewards, terminated=trajectory.terminated, truncated=trajectory.truncated,
+            observations=column(trajectory.observations), infos=trajectory.infos,
+            actions=column(trajectory.actions), rewards=column(trajectory.rewards),
+            terminated=trajectory.terminated, truncated=trajectory.truncated,
             extra_model_outputs={
-                Columns.ACTION_LOGP: trajectory.logp,
-                Columns.ACTION_DIST_INPUTS: trajectory.dist_inputs,
-                WEIGHTS_SEQ_NO: [seq_no] * len(trajectory.actions),
+                Columns.ACTION_LOGP: column(trajectory.logp),
+                Columns.ACTION_DIST_INPUTS: column(trajectory.dist_inputs),
+                WEIGHTS_SEQ_NO: column(np.full(len(trajectory.actions), rllib_private.weights_seq_no(self))),
             },
             observation_space=self.env.single_observation_space,
             action_space=self.env.single_action_space,
@@ -136,7 +139,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
                         env=self.env.unwrapped, rl_module=self.module, env_index=trajectory.env_index,
                         prev_episode_chunks=[]),
         )
-        return episode.to_numpy() if self.episodes_to_numpy else episode
+        return episode
 
     def _increase_sampled_metrics(self, num_steps: int, num_episodes_completed: int) -> int:
         parked = rounds.take_parked_steps(rounds.round_wrappers(self.env.unwrapped))

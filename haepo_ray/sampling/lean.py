@@ -35,7 +35,6 @@ import torch
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
-from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 PER_STEP_HOOKS = ("on_episode_created", "on_episode_start", "on_episode_step")
 
@@ -68,6 +67,16 @@ def env_blocker(vector_env: gym.vector.VectorEnv, module) -> str | None:
     return None
 
 
+def to_tensor(obs: np.ndarray, device) -> torch.Tensor:
+    """``obs`` as RLlib's ``convert_to_torch_tensor`` makes it for the module (floating
+    point to float32 except float16, other dtypes such as uint8 images kept), without its
+    walk over nested structures: an observation batch of a Box space is one array."""
+    tensor = torch.from_numpy(obs)
+    if tensor.is_floating_point() and tensor.dtype != torch.float16:
+        tensor = tensor.float()
+    return tensor.to(device)
+
+
 @dataclass
 class PolicyStep:
     """One forward pass over all sub-envs: the recorded actions, what the env gets, their
@@ -95,9 +104,10 @@ class BatchedPolicy:
         self.forward = rllib_private.forward_pass(module, explore)
         self.dist_cls = (module.get_exploration_action_dist_cls() if explore
                          else module.get_inference_action_dist_cls())
-        if normalize_actions:
+        # RLlib's NormalizeAndClipActions, which changes Box actions only
+        if normalize_actions and isinstance(action_space, gym.spaces.Box):
             self.to_env = lambda actions: unsquash_action(actions, action_space)
-        elif clip_actions:
+        elif clip_actions and isinstance(action_space, gym.spaces.Box):
             self.to_env = lambda actions: clip_action(actions, action_space)
         else:
             self.to_env = lambda actions: actions
@@ -115,7 +125,7 @@ class BatchedPolicy:
             self.module.train(was_training)
 
     def __call__(self, obs: np.ndarray, t: int) -> PolicyStep:
-        batch = {Columns.OBS: convert_to_torch_tensor(obs, device=self.device)}
+        batch = {Columns.OBS: to_tensor(obs, self.device)}
         out = self.forward(batch, t=t) if self.explore else self.forward(batch)
         dist_inputs = out[Columns.ACTION_DIST_INPUTS]
         dist = self.dist_cls.from_logits(dist_inputs)
@@ -129,15 +139,15 @@ class BatchedPolicy:
 
 @dataclass
 class Trajectory:
-    """One complete episode, per-step lists as ``SingleAgentEpisode`` takes them."""
+    """One complete episode of T steps as arrays over its steps (observations T + 1)."""
 
     env_index: int
-    observations: list
+    observations: np.ndarray
     infos: list[dict]
-    actions: list
-    rewards: list[float]
-    logp: list
-    dist_inputs: list
+    actions: np.ndarray
+    rewards: np.ndarray  # float64, as RLlib's loop stores rewards of single envs
+    logp: np.ndarray
+    dist_inputs: np.ndarray
     terminated: bool
     truncated: bool
     start_time: float
@@ -166,11 +176,11 @@ class StepLog:
         # observations[s] / infos[s]: before step s (infos[0] is the reset's, infos[s] the
         # info step s - 1 returned, an autoreset's info where a sub-env restarted)
         self.observations, self.infos = [obs], [reset_info]
-        self.outputs: list[PolicyStep | None] = []
+        self.outputs: list[PolicyStep] = []
         self.rewards: list[np.ndarray] = []
         self.flags: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def append(self, out: PolicyStep | None, result: tuple) -> None:
+    def append(self, out: PolicyStep, result: tuple) -> None:
         obs, reward, terminated, truncated, info = result
         self.outputs.append(out)
         self.observations.append(obs)
@@ -178,23 +188,30 @@ class StepLog:
         self.rewards.append(reward)
         self.flags.append((terminated, truncated))
 
-    def cut(self, i: int, a: int, b: int, start_time: float) -> Trajectory:
-        """Sub-env ``i``'s episode from its first observation ``observations[a]`` through
-        step ``b``, the step that ended it."""
-        steps = range(a, b + 1)
-        terminated, truncated = self.flags[b]
-        return Trajectory(
-            env_index=i,
-            observations=[self.observations[s][i] for s in range(a, b + 2)],
-            infos=[info_row(self.infos[s], i) for s in range(a, b + 2)],
-            actions=[self.outputs[s].actions[i] for s in steps],
-            rewards=[float(self.rewards[s][i]) for s in steps],
-            logp=[self.outputs[s].logp[i] for s in steps],
-            dist_inputs=[self.outputs[s].dist_inputs[i] for s in steps],
-            terminated=bool(terminated[i]),
-            truncated=bool(truncated[i]),
-            start_time=start_time,
-        )
+    def cut(self, spans: list[tuple[int, int, int, float]]) -> list[Trajectory]:
+        """For each ``(i, a, b, start_time)``: sub-env ``i``'s episode from its first
+        observation ``observations[a]`` through step ``b``, the step that ended it.
+        Each column is stacked once (steps x sub-envs) and each episode is a copy of a slice."""
+        observations = np.stack(self.observations)
+        actions = np.stack([out.actions for out in self.outputs])
+        logp = np.stack([out.logp for out in self.outputs])
+        dist_inputs = np.stack([out.dist_inputs for out in self.outputs])
+        rewards = np.stack(self.rewards).astype(np.float64)
+        return [
+            Trajectory(
+                env_index=i,
+                observations=observations[a:b + 2, i].copy(),
+                infos=[info_row(self.infos[s], i) for s in range(a, b + 2)],
+                actions=actions[a:b + 1, i].copy(),
+                rewards=rewards[a:b + 1, i].copy(),
+                logp=logp[a:b + 1, i].copy(),
+                dist_inputs=dist_inputs[a:b + 1, i].copy(),
+                terminated=bool(self.flags[b][0][i]),
+                truncated=bool(self.flags[b][1][i]),
+                start_time=start_time,
+            )
+            for i, a, b, start_time in spans
+        ]
 
 
 def run_episodes(
@@ -229,15 +246,14 @@ def run_episodes(
     for i in range(min(n, num_episodes)):
         start(i, 0)
     resetting = np.zeros(n, bool)  # sub-envs whose next step is an autoreset
-    env_actions, recorded, step = None, 0, 0
+    out, recorded, step = None, 0, 0
     while len(last) < num_episodes:
         acting = (recording >= 0) & ~resetting
-        if acting.any() or env_actions is None:
+        # Where every recorded sub-env autoresets no action is used: skip the forward pass
+        # and repeat the last actions (the log's rows of that step belong to no episode).
+        if out is None or acting.any():
             out = policy(obs, t0 + recorded)
-            env_actions = out.env_actions
-        else:  # every recorded sub-env autoresets: no action is used, skip the forward pass
-            out = None
-        result = vector_env.step(env_actions)
+        result = vector_env.step(out.env_actions)
         log.append(out, result)
         obs, done = result[0], result[2] | result[3]
         recorded += int(acting.sum())
@@ -248,4 +264,4 @@ def run_episodes(
                 start(int(i), step + 2)  # its first observation comes with the next step
         resetting = done
         step += 1
-    return [log.cut(env_of[k], first[k], last[k], start_time[k]) for k in range(num_episodes)]
+    return log.cut([(env_of[k], first[k], last[k], start_time[k]) for k in range(num_episodes)])
