@@ -3,9 +3,11 @@
 Every set-up samples CartPole-v1 with the same MLP-128 policy, torch on one thread, in one
 process: ``--policy initial`` (default; random weights, episodes of about 22 steps) or
 ``--policy balancing`` (weights set by hand to a stochastic pole-balancing controller,
-episodes of about 490 steps, as late in a CartPole training run); repetitions are interleaved (A B C ... A B C ...) so that drift in the
-machine's load hits all of them, and each ratio is taken within a repetition, then the
-median over repetitions is reported.
+episodes of about 490 steps, as late in a CartPole training run). Repetitions are
+interleaved (A B C ... A B C ...) so that drift in the machine's load hits all set-ups;
+each ratio is taken within a repetition, then the median over repetitions is reported.
+Rates are given per second of the main thread's CPU time (robust on a shared machine:
+all the sampling work runs in that thread) and per second of wall-clock time.
 
 - ``ceiling, N envs``: no RLlib. A plain loop over ``gymnasium.make_vec("CartPole-v1",
   num_envs=N)`` (gymnasium's numpy-vectorised CartPole) with one batched forward pass of
@@ -234,22 +236,39 @@ def main() -> None:
     for run in setups.values():  # warm-up
         run()
     load_start = os.getloadavg()
-    rates: dict[str, list[float]] = {name: [] for name in setups}
+    # Per set-up and repetition: env steps per second of the main thread's CPU time (all
+    # the sampling work runs in it; on a shared machine it does not count the time other
+    # processes hold the CPU) and per second of wall-clock time.
+    rates: dict[str, dict[str, list[float]]] = {clock: {name: [] for name in setups} for clock in CLOCKS}
     for _ in range(args.reps):
         for name, run in setups.items():
-            start = time.perf_counter()
+            start = {clock: read() for clock, read in CLOCKS.items()}
             counted = run()
-            rates[name].append(counted / (time.perf_counter() - start))
+            for clock, read in CLOCKS.items():
+                rates[clock][name].append(counted / (read() - start[clock]))
     load_end = os.getloadavg()
     for algo in algos:
         algo.stop()
     ray.shutdown()
 
+    print(f"load average (1, 5, 15 min) at the start {load_start}, at the end {load_end}")
+    summary = {clock: report(rates[clock], clock) for clock in CLOCKS}
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "rates": rates, "summary": summary,
+                   "load_start": load_start, "load_end": load_end}, f, indent=2)
+
+
+CLOCKS = {"thread CPU time": time.thread_time, "wall-clock time": time.perf_counter}
+
+
+def report(rates: dict[str, list[float]], clock: str) -> dict:
+    """Prints the table of one clock: medians and the per-repetition ratios' medians."""
+
     def ratio(name: str, base: str) -> tuple[float, float, float]:
         per_rep = [a / b for a, b in zip(rates[name], rates[base])]
         return statistics.median(per_rep), min(per_rep), max(per_rep)
 
-    print(f"load average (1, 5, 15 min) at the start {load_start}, at the end {load_end}")
+    print(f"\nenv steps per second of {clock}")
     print("| set-up | env steps/s (median) | min - max | / ceiling (median, min - max) "
           "| / whole-batch ceiling |")
     print("|---|---|---|---|---|")
@@ -262,9 +281,7 @@ def main() -> None:
         print(f"| {name} | {statistics.median(values):,.0f} | {min(values):,.0f} - {max(values):,.0f} "
               f"| {to_ceiling[0]:.2f} ({to_ceiling[1]:.2f} - {to_ceiling[2]:.2f}) "
               f"| {to_batch[0]:.2f} ({to_batch[1]:.2f} - {to_batch[2]:.2f}) |")
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "rates": rates, "summary": summary,
-                   "load_start": load_start, "load_end": load_end}, f, indent=2)
+    return summary
 
 
 if __name__ == "__main__":
