@@ -36,13 +36,13 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
 
+from haepo_ray.sampling import rllib_private
+
 PER_STEP_HOOKS = ("on_episode_created", "on_episode_start", "on_episode_step")
 
 
 def config_blocker(config, callbacks: list) -> str | None:
     """Why the config rules the lean path out (before env and module exist), or None."""
-    from haepo_ray.sampling import rllib_private
-
     if config.is_multi_agent:
         return "multi-agent"
     if rllib_private.custom_connectors(config):
@@ -98,8 +98,6 @@ class BatchedPolicy:
 
     def __init__(self, module, *, explore: bool, device, action_space: gym.Space,
                  normalize_actions: bool, clip_actions: bool):
-        from haepo_ray.sampling import rllib_private
-
         self.module, self.explore, self.device = module, explore, device
         self.forward = rllib_private.forward_pass(module, explore)
         self.dist_cls = (module.get_exploration_action_dist_cls() if explore
@@ -114,6 +112,8 @@ class BatchedPolicy:
 
     @contextlib.contextmanager
     def sampling(self):
+        """For one batch: eval mode, no gradients, no distribution argument checks; the
+        module's mode and torch's default (a class attribute, no public getter) restored."""
         was_training, validate = self.module.training, torch.distributions.Distribution._validate_args
         self.module.eval()
         torch.distributions.Distribution.set_default_validate_args(False)
