@@ -18,8 +18,10 @@ import haepo_ray.envs
 from haepo_ray.envs import (
     ChainMDPEnv,
     GaussianBanditEnv,
+    GaussianBanditVectorEnv,
     NewsvendorEnv,
     RandomWalkEnv,
+    RandomWalkVectorEnv,
     check_env_id,
     register_with_ray,
     registered_envs,
@@ -266,3 +268,109 @@ def test_newsvendor_optimal_order_is_the_critical_fractile(kwargs, optimum):
 def test_bad_constructor_arguments_name_the_argument(cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
         cls(**kwargs)
+
+
+# --- Numpy-vectorised versions -------------------------------------------------------------
+
+
+def test_vectorised_versions_are_gymnasiums_and_rays_vector_entry_points():
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    assert isinstance(gym.make_vec("haepo/GaussianBandit-v0", num_envs=3), GaussianBanditVectorEnv)
+    assert isinstance(gym.make_vec("haepo/RandomWalk-v0", num_envs=3, target=4), RandomWalkVectorEnv)
+    register_with_ray()
+    creator = _global_registry.get(ENV_CREATOR, "haepo/RandomWalk-v0")
+    assert isinstance(creator({"num_envs": 2, "target": 3}), RandomWalkVectorEnv)  # RLlib's vector entry point
+    assert isinstance(creator({"target": 3}), RandomWalkEnv)
+    assert gym.spec("haepo/ChainMDP-v0").vector_entry_point is None
+
+
+def _vector_rollout(env: gym.vector.VectorEnv, seed: int, actions: np.ndarray) -> list[tuple]:
+    out = [env.reset(seed=seed)]
+    out += [env.step(a) for a in actions]
+    return out
+
+
+@pytest.mark.parametrize("kwargs", [{"num_arms": 4}, {"arm_means": [0.1, 0.9, 0.4]}, {"num_arms": 5, "means_seed": 3}])
+def test_one_vectorised_bandit_draws_what_the_single_bandit_draws(kwargs):
+    """Same seed, same pulls: the same means, rewards and infos, with the vector env's
+    NEXT_STEP autoreset in between (reward 0, no info)."""
+    pulls = [0, 2, 1, 2, 0, 1, 1, 2]
+    single = GaussianBanditEnv(**kwargs)
+    single.reset(seed=11)
+    expected = []
+    for a in pulls:
+        _, reward, terminated, _, info = single.step(a)
+        expected.append((reward, info["regret"], info["optimal_mean"]))
+        assert terminated
+        single.reset()
+    vector = GaussianBanditVectorEnv(num_envs=1, **kwargs)
+    vector.reset(seed=11)
+    np.testing.assert_array_equal(vector.arm_means[0], single.arm_means)
+    got = []
+    for a in pulls:
+        _, reward, terminated, truncated, info = vector.step(np.array([a]))
+        assert terminated[0] and not truncated[0] and info["_regret"][0]
+        got.append((reward[0], info["regret"][0], info["optimal_mean"][0]))
+        _, reward, terminated, _, info = vector.step(np.array([0]))  # the autoreset step
+        assert reward[0] == 0.0 and not terminated[0] and not info["_regret"][0]
+    assert got == expected
+
+
+def test_vectorised_bandits_draw_independent_means_and_the_reward_distribution():
+    env = GaussianBanditVectorEnv(num_envs=500, num_arms=3)
+    env.reset(seed=0)
+    means = env.arm_means
+    assert means.shape == (500, 3) and ((0 <= means) & (means <= 1)).all()
+    assert abs(means.mean() - 0.5) < 5 * np.sqrt(1 / 12 / means.size)  # U[0, 1]
+    assert len({tuple(row) for row in means}) == 500  # every sub-env its own bandit
+    shared = GaussianBanditVectorEnv(num_envs=4000, arm_means=[0.1, 0.9, 0.4])
+    shared.reset(seed=1)
+    rewards = []
+    for _ in range(5):
+        _, reward, _, _, info = shared.step(np.zeros(4000, np.int64))
+        rewards.append(reward)
+        assert info["regret"] == pytest.approx(0.8) and (info["optimal_mean"] == 0.9).all()
+        shared.step(np.zeros(4000, np.int64))  # autoreset
+    rewards = np.concatenate(rewards)
+    assert abs(rewards.mean() - 0.1) < 5 / np.sqrt(rewards.size)
+    assert rewards.std() == pytest.approx(1.0, abs=0.03)
+    again = GaussianBanditVectorEnv(num_envs=4000, arm_means=[0.1, 0.9, 0.4])
+    again.reset(seed=1)
+    np.testing.assert_array_equal(again.step(np.zeros(4000, np.int64))[1], rewards[:4000])
+
+
+def test_vectorised_random_walk_steps_each_sub_env_as_the_single_walk():
+    """Random actions per sub-env; each sub-env's observations, rewards, flags and
+    successes equal a single RandomWalkEnv's given the same actions, episode after episode."""
+    n, steps = 6, 200
+    actions = np.random.default_rng(0).integers(0, 2, (steps, n))
+    actions[:, 0] = 1  # one sub-env that succeeds every `target` steps
+    vector = RandomWalkVectorEnv(num_envs=n, target=3, horizon=7)
+    out = _vector_rollout(vector, 0, actions)
+    for i in range(n):
+        single = RandomWalkEnv(target=3, horizon=7)
+        obs, _ = single.reset(seed=0)
+        np.testing.assert_array_equal(out[0][0][i], obs)
+        restart = False
+        for t in range(steps):
+            got_obs, got_reward, got_term, got_trunc, info = out[t + 1]
+            if restart:  # NEXT_STEP autoreset: the start observation, reward 0, no info
+                obs, _ = single.reset()
+                expected = (obs, 0.0, False, False)
+                assert not info["_success"][i]
+            else:
+                obs, reward, terminated, truncated, single_info = single.step(int(actions[t, i]))
+                expected = (obs, reward, terminated, truncated)
+                assert info["_success"][i] and info["success"][i] == single_info["success"]
+            np.testing.assert_array_equal(got_obs[i], expected[0])
+            assert (got_reward[i], got_term[i], got_trunc[i]) == expected[1:]
+            restart = bool(got_term[i] or got_trunc[i])
+
+
+@pytest.mark.parametrize("cls", [GaussianBanditVectorEnv, RandomWalkVectorEnv])
+def test_vectorised_envs_validate_their_arguments(cls):
+    with pytest.raises(ValueError, match="num_envs"):
+        cls(num_envs=0)
+    with pytest.raises(ValueError, match="target|num_arms"):
+        cls(num_envs=2, **({"target": 0} if cls is RandomWalkVectorEnv else {"num_arms": 1}))

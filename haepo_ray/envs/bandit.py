@@ -9,6 +9,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from haepo_ray.envs._validation import check_float, check_int
+from haepo_ray.envs._vector import NumpyVectorEnv
 
 
 class GaussianBanditEnv(gym.Env):
@@ -77,6 +78,48 @@ class GaussianBanditEnv(gym.Env):
         reward = float(self.np_random.normal(mean, self.reward_std))
         info = {"regret": self.optimal_mean - mean, "optimal_mean": self.optimal_mean}
         return np.zeros(1, np.float32), reward, True, False, info
+
+
+class GaussianBanditVectorEnv(NumpyVectorEnv):
+    """``num_envs`` Gaussian bandits as one numpy batch, each a :class:`GaussianBanditEnv`
+    of the same arguments.
+
+    With ``arm_means`` or ``means_seed`` the sub-envs share those means; otherwise each
+    draws its own at the first reset, as separately seeded single envs would. One
+    generator serves all sub-envs; with ``num_envs=1`` it draws exactly what a single env
+    seeded alike draws. A pull ends the episode; the sub-env resets at its next ``step``
+    (NEXT_STEP autoreset, :class:`~haepo_ray.envs._vector.NumpyVectorEnv`). ``info``
+    holds ``regret`` and ``optimal_mean`` per pull.
+    """
+
+    def __init__(self, num_envs: int = 1, **kwargs):
+        super().__init__(GaussianBanditEnv(**kwargs), num_envs)
+        self.arm_means: np.ndarray | None = (
+            None if self.single.arm_means is None else np.tile(self.single.arm_means, (self.num_envs, 1))
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if self.arm_means is None:
+            self.arm_means = np.stack([self.single._draw_means(self.np_random) for _ in range(self.num_envs)])
+        self._resetting[:] = False
+        return self._zeros(), {}
+
+    def step(self, actions):
+        pulled = ~self._resetting
+        rows = np.flatnonzero(pulled)
+        means = self.arm_means[rows, np.asarray(actions)[rows]]
+        optimal = self.arm_means[rows].max(axis=1)
+        rewards = np.zeros(self.num_envs)
+        rewards[rows] = self.np_random.normal(means, self.single.reward_std)
+        info = {"regret": np.zeros(self.num_envs), "optimal_mean": np.zeros(self.num_envs),
+                "_regret": pulled.copy(), "_optimal_mean": pulled.copy()}
+        info["regret"][rows], info["optimal_mean"][rows] = optimal - means, optimal
+        self._resetting = pulled
+        return self._zeros(), rewards, pulled.copy(), np.zeros(self.num_envs, bool), info
+
+    def _zeros(self) -> np.ndarray:
+        return np.zeros((self.num_envs, 1), np.float32)
 
 
 def _check_means(name: str, arm_means: Sequence[float]) -> np.ndarray:

@@ -1,0 +1,11 @@
+"""The pieces of HAEPO's env runner (:mod:`haepo_ray.env_runner`), one concern each.
+
+- :mod:`~haepo_ray.sampling.seeding`: an independent random stream per sub-env, seeded
+  once, and its checkpoint;
+- :mod:`~haepo_ray.sampling.lean`: the lean path, complete episodes from a vector env with
+  one batched forward pass per step;
+- :mod:`~haepo_ray.sampling.rounds`: the round sampler, unbiased episodes through RLlib's
+  own loop where the lean path does not fit;
+- :mod:`~haepo_ray.sampling.rllib_private`: every private RLlib attribute these use, with
+  the reason.
+"""
