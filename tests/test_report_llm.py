@@ -20,7 +20,7 @@ import pytest
 from chromium import check_page
 
 from haepo_ray import names
-from haepo_ray.report import build_report
+from haepo_ray.report import build_report, to_text
 from haepo_ray.report.aggregate import group_trials, results_table
 from haepo_ray.report.figures import write_figures
 from haepo_ray.report.kinds import memory_phase
@@ -185,6 +185,8 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
     assert len(tables) == 2 and "return mean" in tables[0] and "reward mean" not in tables[0]
     assert "reward mean" in tables[1] and "return mean" not in tables[1]
     assert {f.section for f in report.figures} == {"tiny on aclsum", "haepo/ChainMDP-v0"}
+    printed = to_text(table).split("\n\n")
+    assert len(printed) == 2 and "s / 100 updates" in printed[0] and "ROUGE-L mean" in printed[1]
 
     page = check_page(report.index, ARTIFACTS / "report-llm.png")
     assert not page["errors"], page["errors"]
