@@ -42,7 +42,8 @@ LLM_KL = "kl"
 LLM_LOSS = "loss"
 LLM_UPDATE_TIME = "time_s"
 LLM_TRAIN_TIME = "train_time_s"  # seconds of SFT and RL updates so far (not start-up, not restarts)
-LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", phases of haepo_ray.llm.memory
+LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", one per phase below
+LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")  # an update's order
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).

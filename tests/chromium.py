@@ -41,3 +41,21 @@ def headless_chromium(download_dir: Path | None = None) -> Iterator:
         yield driver
     finally:
         driver.quit()
+
+
+def check_page(page: Path, screenshot: Path) -> dict:
+    """What the tests of a static page assert, read in headless Chromium: each image's natural
+    width (0 unless it loaded), the browser's SEVERE log entries, and the body rows of each
+    ``table.results``; a screenshot of the page lands in ``screenshot``."""
+    from selenium.webdriver.common.by import By
+
+    with headless_chromium() as driver:
+        driver.get(page.as_uri())
+        widths = [driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img)
+                  for img in driver.find_elements(By.TAG_NAME, "img")]
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(screenshot))
+        rows = [len(table.find_elements(By.CSS_SELECTOR, "tbody tr"))
+                for table in driver.find_elements(By.CSS_SELECTOR, "table.results")]
+    return {"image_widths": widths, "errors": errors, "table_rows": rows}

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import headless_chromium
+from chromium import check_page
 
 from haepo_ray import cli
 from haepo_ray.report import build_report
@@ -175,20 +175,10 @@ def test_search_values_of_older_stores_keep_their_names(tmp_path):
 
 
 def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):
-    from selenium.webdriver.common.by import By
-
     uri, _ = store
     report = build_report(uri, ["report-bandit"], tmp_path)
-    with headless_chromium() as driver:
-        driver.get(report.index.as_uri())
-        images = driver.find_elements(By.TAG_NAME, "img")
-        shown = [driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img)
-                 for img in images]
-        errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        assert driver.save_screenshot(str(ARTIFACTS / "report.png"))
-        rows = driver.find_elements(By.CSS_SELECTOR, "table.results tbody tr")
-    assert not errors, errors
-    assert len(images) == len(report.figures) == 5
-    assert all(width and width > 100 for width in shown), shown
-    assert len(rows) == 4
+    page = check_page(report.index, ARTIFACTS / "report.png")
+    assert not page["errors"], page["errors"]
+    assert len(page["image_widths"]) == len(report.figures) == 5
+    assert all(width and width > 100 for width in page["image_widths"]), page["image_widths"]
+    assert page["table_rows"] == [4]

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import torch
 
+from haepo_ray import names
+
 __all__ = ["PHASES", "PeakMemory"]
 
-PHASES: tuple[str, ...] = ("generation", "reference", "forward_backward", "optimizer")
+PHASES: tuple[str, ...] = names.LLM_MEMORY_PHASES  # the report orders its memory bars by them
 _MB = 1024 * 1024
 
 

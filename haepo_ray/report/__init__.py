@@ -6,7 +6,10 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
 
 - ``results.csv`` and ``results.md``: one row per group (final metrics, mean and std over
   seeds; wall-clock seconds per 100 updates). The return is RLlib 2.60's
-  ``env_runners/episode_return_mean``: the mean over the episodes of that iteration;
+  ``env_runners/episode_return_mean``: the mean over the episodes of that iteration.
+  Language-model groups (trials tagged ``haepo.model``) have the paper's metrics instead
+  (:data:`~haepo_ray.report.kinds.LLM`); ``results.md`` and the page show each kind as its
+  own table, the CSV holds both;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
   no network access needed).
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from haepo_ray.report.aggregate import Group, group_trials, results_table
+from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
 from haepo_ray.report.runs import load_trials
 from haepo_ray.tables import cell, format_table
@@ -67,7 +70,12 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """The table as GitHub Markdown (numbers to 4 significant digits)."""
+    """The table as GitHub Markdown (numbers to 4 significant digits), one table per kind of
+    trial (RL and language-model rows share few columns), a blank line apart."""
+    return "\n\n".join(_markdown(part) for part in by_kind(table))
+
+
+def _markdown(table: pd.DataFrame) -> str:
     header = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
     rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
@@ -75,13 +83,15 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 
 def to_text(table: pd.DataFrame) -> str:
-    """The table for a terminal: aligned columns."""
-    return format_table(list(table.columns), list(table.itertuples(index=False)), rule=False)
+    """The table for a terminal: aligned columns, one table per kind of trial."""
+    return "\n\n".join(format_table(list(part.columns), list(part.itertuples(index=False)), rule=False)
+                       for part in by_kind(table))
 
 
 def render_html(report: Report, tracking_uri: str) -> str:
-    """index.html: the results table, then every figure (PNG embedded as a data URI)."""
-    table = report.table.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
+    """index.html: the results tables, then every figure (PNG embedded as a data URI)."""
+    table = "\n".join(part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
+                      for part in by_kind(report.table))
     sections = []
     for section in dict.fromkeys(f.section for f in report.figures):
         images = []
@@ -107,8 +117,10 @@ figcaption {{ font-size: 0.8em; }}
 <h1>haepo-ray report</h1>
 <p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
 <code>{html.escape(tracking_uri)}</code>. Mean and std over seeds; updates are training
-iterations; per environment, the curves show every configuration of a sweep of up to four,
-and the best one, by final return, of a larger grid (its heatmaps show the rest).</p>
+iterations (RL updates for language models); per environment (or model and data set), the
+curves show every configuration of a sweep of up to four, and the best one, by final return
+(reward), of a larger grid (its heatmaps show the rest). Language models: final values, peak
+memory over updates and phases, seconds per RL update.</p>
 {table}
 {chr(10).join(sections)}
 </body></html>

@@ -3,7 +3,8 @@ the results table.
 
 Each trial's curve is interpolated linearly onto the group's grid (as the paper's figures,
 "interpolated to a common grid"); a trial that stopped early (e.g. on reaching its target
-return) holds its last value to the end of the grid. Updates are training iterations.
+return) holds its last value to the end of the grid. Updates are the trials' steps: training
+iterations of RL trials, RL updates of language-model ones (:mod:`~haepo_ray.report.kinds`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from haepo_ray.report.kinds import LAST, MAX, MEAN, RL, STEPS, Kind
 from haepo_ray.report.runs import ITERATION, RETURN, SECONDS, Trial
 
 GRID_POINTS = 200
@@ -36,15 +38,23 @@ class Group:
     def env_label(self) -> str:
         return self.trials[0].env_label
 
+    @property
+    def kind(self) -> Kind:
+        return self.trials[0].kind
+
+    @property
+    def section(self) -> str:
+        return self.trials[0].section
+
     def metrics(self) -> list[str]:
         """Metrics every trial of the group has."""
         common = set.intersection(*(set(t.curves.columns) for t in self.trials))
         return sorted(common)
 
     def curve(self, metric: str, x: str = ITERATION, points: int = GRID_POINTS) -> pd.DataFrame:
-        """``metric`` against ``x`` (``training_iteration`` or ``time_total_s``) on a common
-        grid from 0 to the longest trial's end: columns ``mean``, ``std`` (population, over
-        seeds) and ``n``."""
+        """``metric`` against ``x`` (a step, ``training_iteration`` or ``update``, or seconds,
+        ``time_total_s`` or ``train_time_s``) on a common grid from 0 to the longest trial's
+        end: columns ``mean``, ``std`` (population, over seeds) and ``n``."""
         xs, ys = [], []
         for trial in self.trials:
             frame = trial.curves.reset_index()
@@ -58,7 +68,7 @@ class Group:
         if not xs:
             return pd.DataFrame(columns=["mean", "std", "n"])
         end = max(float(v.max()) for v in xs)
-        grid = np.linspace(0.0, end, points) if x != ITERATION else np.arange(1, int(end) + 1, dtype=float)
+        grid = np.linspace(0.0, end, points) if x not in STEPS else np.arange(1, int(end) + 1, dtype=float)
         stacked = np.vstack([np.interp(grid, v, y) for v, y in zip(xs, ys)])
         return pd.DataFrame(
             {"mean": stacked.mean(axis=0), "std": stacked.std(axis=0), "n": len(xs)},
@@ -67,10 +77,16 @@ class Group:
 
     def final(self, metric: str) -> np.ndarray:
         """Each trial's last reported value of ``metric`` (NaN where it has none)."""
+        return self.per_trial(metric, LAST)
+
+    def per_trial(self, metric: str, how: str) -> np.ndarray:
+        """Each trial's ``metric`` as one number: its ``last`` value, its ``max`` (a peak) or
+        its ``mean`` over steps (NaN where it has none)."""
         out = []
         for trial in self.trials:
             series = trial.curves[metric].dropna() if metric in trial.curves else pd.Series(dtype=float)
-            out.append(float(series.iloc[-1]) if len(series) else np.nan)
+            value = {LAST: lambda: series.iloc[-1], MAX: series.max, MEAN: series.mean}[how]
+            out.append(float(value()) if len(series) else np.nan)
         return np.asarray(out)
 
     def seconds_per_100_updates(self) -> np.ndarray:
@@ -86,42 +102,52 @@ class Group:
 
 
 def group_trials(trials: list[Trial]) -> list[Group]:
-    """Trials grouped by (experiment, algorithm, configuration), in a stable order."""
+    """Trials grouped by (experiment, algorithm, model, configuration), in a stable order."""
     groups: dict[tuple, list[Trial]] = defaultdict(list)
     for trial in trials:
         groups[trial.group].append(trial)
-    return [Group(exp, algo, label, members) for (exp, algo, label), members in sorted(groups.items())]
+    return [Group(exp, algo, label, members) for (exp, algo, _, label), members in sorted(groups.items())]
 
 
-TABLE_METRICS = {
-    RETURN: "return",
-    "env_runners/regret_per_step_mean": "regret/step",
-    "env_runners/success_rate": "success",
-    "policy_entropy": "entropy",
-}
+IDENTITY = ("experiment", "algorithm", "model", "data", "config", "seeds", "updates")  # the table's first columns
 
 
 def results_table(groups: list[Group]) -> pd.DataFrame:
-    """One row per group: seeds, iterations, final value of each metric (mean and std over
-    seeds) and wall-clock seconds per 100 updates."""
+    """One row per group: what ran (a language-model group also names its model and data
+    set), seeds, updates, and its kind's table metrics (mean and std over seeds); RL groups
+    also wall-clock seconds per 100 updates. RL and language-model rows share one table, a
+    column empty where a kind has no such metric (:func:`by_kind` splits it again)."""
     rows = []
     for g in groups:
-        row = {
-            "experiment": g.experiment,
-            "algorithm": g.algorithm,
-            "config": g.config_label,
-            "seeds": len(g.trials),
-            "updates": int(np.nanmean([t.curves.index.max() for t in g.trials])),
-        }
-        for metric, name in TABLE_METRICS.items():
-            values = g.final(metric)
+        row = {"experiment": g.experiment, "algorithm": g.algorithm, **g.trials[0].subject,
+               "config": g.config_label, "seeds": len(g.trials),
+               "updates": _updates(g)}
+        for name, metric, how in g.kind.table:
+            values = g.per_trial(metric, how)
             if np.isnan(values).all():
                 continue
             row[f"{name} mean"] = float(np.nanmean(values))
             row[f"{name} std"] = float(np.nanstd(values))
-        row["s / 100 updates"] = float(np.nanmean(g.seconds_per_100_updates()))
+        if g.kind is RL:
+            row["s / 100 updates"] = float(np.nanmean(g.seconds_per_100_updates()))
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table[[c for c in IDENTITY if c in table] + [c for c in table if c not in IDENTITY]]
+
+
+def _updates(g: Group) -> int:
+    """The mean over seeds of the last step reported; 0 when no trial reported one (a trial
+    that failed before its first update is still listed)."""
+    last = [float(t.curves.index.max()) for t in g.trials if len(t.curves.index)]
+    return int(np.mean(last)) if last else 0
+
+
+def by_kind(table: pd.DataFrame) -> list[pd.DataFrame]:
+    """The results table as one table per kind of trial (RL rows, then language-model rows:
+    those naming a model), each without the columns only the other kind fills."""
+    llm = table["model"].notna() if "model" in table else pd.Series(False, index=table.index)
+    parts = [table[~llm], table[llm]]
+    return [part.dropna(axis=1, how="all") for part in parts if len(part)]
 
 
 def curve_groups(groups: list[Group], max_configs: int = 4, metric: str = RETURN,

@@ -7,6 +7,11 @@ final return, of a larger grid;
 per-step regret, success rate and policy entropy where the env or algorithm reports them;
 and heatmaps of the final return over lr x batch size and beta_ent x beta_kl, one per
 (experiment, algorithm) whose sweep varies both.
+
+Language-model trials are drawn the same way, per model and data set, with their own metrics
+(:data:`~haepo_ray.report.kinds.LLM`: reward and ROUGE-L against updates and training
+seconds, heatmaps of the final reward), plus a bar chart of peak memory per phase of an update
+per configuration: the paper's memory comparison of HAEPO, GRPO and DPO.
 """
 
 from __future__ import annotations
@@ -24,20 +29,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from haepo_ray import names  # noqa: E402
 from haepo_ray.report.aggregate import Group, curve_groups  # noqa: E402
+from haepo_ray.report.kinds import LLM, MAX, memory_phase, memory_phases  # noqa: E402
 from haepo_ray.report.runs import ENTROPY, ITERATION, REGRET, RETURN, SECONDS, SUCCESS  # noqa: E402
 
-BATCH_KEYS = ("episodes_per_batch", "train_batch_size_per_learner", "batch_size")
+BATCH_KEYS = ("episodes_per_batch", "train_batch_size_per_learner", "batch_size", "batch_prompts")
 HEATMAP_AXES = {"lr-batch": ("lr", BATCH_KEYS), "betas": ("beta_ent", ("beta_kl",))}
-CURVES = {  # name -> (metric, x, y label)
-    "return-vs-updates": (RETURN, ITERATION, "mean return"),
-    "return-vs-seconds": (RETURN, SECONDS, "mean return"),
-    "regret": (REGRET, ITERATION, "per-step regret"),
-    "success": (SUCCESS, ITERATION, "success rate"),
-    "entropy": (ENTROPY, ITERATION, "policy entropy"),
-}
-BOUNDS = {SUCCESS: (0.0, 1.0), ENTROPY: (0.0, None), REGRET: (0.0, None)}  # metric -> its range
-X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock seconds"}
+BOUNDS = {SUCCESS: (0.0, 1.0), ENTROPY: (0.0, None), REGRET: (0.0, None),  # metric -> its range
+          names.LLM_ROUGE_L: (0.0, 1.0)}
+X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock seconds",
+            LLM.step: "updates (RL updates)", LLM.seconds: "training seconds"}
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,11 @@ def curve_figure(groups: list[Group], metric: str, x: str, ylabel: str, title: s
 
 
 def heatmap_figure(groups: list[Group], row_key: str, col_keys: tuple[str, ...], title: str,
-                   out: Path, stem: str) -> bool:
-    """Final return (mean over seeds, and over any other setting the sweep varies) over two
-    settings of the groups; False unless both vary. ``col_keys``: the first one present."""
+                   out: Path, stem: str, metric: str = RETURN, label: str = "return") -> bool:
+    """Final ``metric`` (mean over seeds, and over any other setting the sweep varies) over
+    two settings of the groups; False unless both vary. ``col_keys``: the first one present."""
     col_key = next((k for k in col_keys if any(k in g.config for g in groups)), None)
-    cells = [(g.config[row_key], g.config[col_key], float(np.nanmean(g.final(RETURN))))
+    cells = [(g.config[row_key], g.config[col_key], float(np.nanmean(g.final(metric))))
              for g in groups if row_key in g.config and col_key in g.config]
     table = pd.DataFrame(cells, columns=["row", "col", "value"])
     if table.empty or table["row"].nunique() < 2 or table["col"].nunique() < 2:
@@ -106,7 +108,28 @@ def heatmap_figure(groups: list[Group], row_key: str, col_keys: tuple[str, ...],
     ax.set(xlabel=col_key, ylabel=row_key, title=title)
     for (i, j), value in np.ndenumerate(grid.to_numpy()):
         ax.text(j, i, f"{value:.3g}", ha="center", va="center", color="w", fontsize=8)
-    fig.colorbar(image, ax=ax, label="final mean return")
+    fig.colorbar(image, ax=ax, label=f"final mean {label}")
+    _save(fig, out, stem)
+    return True
+
+
+def memory_figure(groups: list[Group], title: str, out: Path, stem: str) -> bool:
+    """Peak memory per phase of an update (max over updates, mean +- std over seeds), one bar
+    per group in each phase; False if no group logged any."""
+    phases = memory_phases(dict.fromkeys(c for g in groups for c in g.metrics()))
+    if not phases:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    width = 0.8 / len(groups)
+    for i, g in enumerate(groups):
+        peaks = [g.per_trial(memory_phase(p), MAX) for p in phases]
+        ax.bar(np.arange(len(phases)) + (i - (len(groups) - 1) / 2) * width,
+               [np.nanmean(v) for v in peaks], width, yerr=[np.nanstd(v) for v in peaks], capsize=3,
+               label=f"{g.experiment}: {g.algorithm} ({g.config_label}, {len(g.trials)} seeds)")
+    ax.set_xticks(range(len(phases)), [p.replace("_", "/") for p in phases])
+    ax.set(xlabel="phase of an update", ylabel="peak memory (MB)", title=title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
     _save(fig, out, stem)
     return True
 
@@ -114,20 +137,25 @@ def heatmap_figure(groups: list[Group], row_key: str, col_keys: tuple[str, ...],
 def write_figures(groups: list[Group], out: Path) -> list[Figure]:
     """Every figure the groups support, written to ``out``; the list of what was written."""
     out.mkdir(parents=True, exist_ok=True)
-    drawn = curve_groups(groups)
     figures: list[Figure] = []
-    for section in sorted({g.env_label for g in groups}):
-        shown = [g for g in drawn if g.env_label == section]
-        for name, (metric, x, ylabel) in CURVES.items():
+    for section in sorted({g.section for g in groups}):
+        members = [g for g in groups if g.section == section]
+        kind = members[0].kind
+        shown = curve_groups(members, metric=kind.headline)
+        for name, (metric, x, ylabel) in kind.curves.items():
             stem = f"{slug(section)}-{name}"
             title = f"{section}: {ylabel} vs {X_LABELS[x].split(' (')[0]}"
             if curve_figure(shown, metric, x, ylabel, title, out, stem):
                 figures.append(Figure(section, title, stem))
+        stem, title = f"{slug(section)}-peak-memory", f"{section}: peak memory per phase"
+        if kind is LLM and memory_figure(shown, title, out, stem):
+            figures.append(Figure(section, title, stem))
         for experiment, algorithm in sorted({(g.experiment, g.algorithm) for g in shown}):
-            members = [g for g in groups if (g.experiment, g.algorithm) == (experiment, algorithm)]
+            sweep = [g for g in members if (g.experiment, g.algorithm) == (experiment, algorithm)]
+            owner = "-".join([experiment, algorithm, *sweep[0].trials[0].subject.values()])
             for name, (row_key, col_keys) in HEATMAP_AXES.items():
-                stem = slug(f"{experiment}-{algorithm}-heatmap-{name}")
-                title = f"{experiment}, {algorithm}: final return over {row_key} x {col_keys[0]}"
-                if heatmap_figure(members, row_key, col_keys, title, out, stem):
+                stem = slug(f"{owner}-heatmap-{name}")
+                title = f"{experiment}, {algorithm}: final {kind.headline_label} over {row_key} x {col_keys[0]}"
+                if heatmap_figure(sweep, row_key, col_keys, title, out, stem, kind.headline, kind.headline_label):
                     figures.append(Figure(section, title, stem))
     return figures

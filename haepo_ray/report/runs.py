@@ -3,7 +3,8 @@
 A trial's *configuration* is its search-space values without the seed (the tag
 ``haepo.search_values`` that :mod:`haepo_ray.tracking` writes: spec name -> value); trials of
 one experiment and algorithm with the same configuration are seeds of one *group*. Each trial
-carries its metric histories, indexed by training iteration.
+carries its metric histories, indexed by its step: the training iteration of an RL trial, the
+RL update of a language-model trial (tag ``haepo.model``; :mod:`~haepo_ray.report.kinds`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from haepo_ray import names
+from haepo_ray.report.kinds import ENTROPY, LLM, RL, Kind
 from haepo_ray.tracking import TRIAL_ROLE, search_all_runs
 
 ITERATION = names.TRAINING_ITERATION
@@ -27,9 +29,10 @@ RETURN = names.EPISODE_RETURN_MEAN
 REGRET = names.REGRET_PER_STEP
 SUCCESS = names.SUCCESS_RATE
 ENTROPY_KEYS = names.POLICY_ENTROPY_KEYS
-CURVE_METRICS = (SECONDS, ENV_STEPS, RETURN, REGRET, SUCCESS, *ENTROPY_KEYS)
-ENTROPY = "policy_entropy"
 SEED_KEYS = ("seed",)
+# Search values a language-model trial's tags already name (its algorithm, model and data set:
+# a sweep over algorithms has "algorithm" in its search space); not part of its configuration.
+LLM_TAGGED_KEYS = ("algorithm", "model", "data")
 
 
 @dataclass
@@ -43,12 +46,32 @@ class Trial:
     seed: Any
     config: dict[str, Any]  # search values without the seed
     params: dict[str, str]
-    curves: pd.DataFrame = field(repr=False)  # index: training_iteration
+    curves: pd.DataFrame = field(repr=False)  # index: the kind's step
+    model: str | None = None  # language-model trials: the model and the data set
+    data: str | None = None
 
     @property
-    def group(self) -> tuple[str, str, str]:
-        """(experiment, algorithm, configuration label): trials that differ only in seed."""
-        return self.experiment, self.algorithm, config_label(self.config)
+    def kind(self) -> Kind:
+        return LLM if self.model is not None else RL
+
+    @property
+    def group(self) -> tuple[str, str, str, str]:
+        """(experiment, algorithm, model, configuration label): trials that differ only in
+        seed (the model is empty for RL trials)."""
+        return self.experiment, self.algorithm, self.model or "", config_label(self.config)
+
+    @property
+    def subject(self) -> dict[str, str]:
+        """What a language-model trial trained (model, data set), as table columns; empty for RL."""
+        return {key: getattr(self, key) or "?" for key in self.kind.subject}
+
+    @property
+    def section(self) -> str:
+        """Where the report shows the trial: trials with one section are comparable, the RL
+        ones by :attr:`env_label`, the language-model ones by model and data set."""
+        if self.kind is RL:
+            return self.env_label
+        return f"{self.model} on {self.data}" if self.data else str(self.model)
 
     @property
     def env_label(self) -> str:
@@ -94,20 +117,40 @@ def _spec_name(key: str) -> str:
     return key.rsplit("/", 1)[-1].lstrip("_")
 
 
-def _curves(client, run) -> pd.DataFrame:
+def _curves(client, run, kind: Kind) -> pd.DataFrame:
+    """The run's curves of ``kind``'s metrics, one row per step (a step logged twice, as by a
+    restarted trial, keeps its last value). Derived columns: RL's one entropy of RLlib's two
+    names, and a language-model trial's peak memory over its phases."""
+    keys = [k for k in run.data.metrics
+            if k in kind.metrics or any(k.startswith(p) for p in kind.prefixes)]
     columns: dict[str, pd.Series] = {}
-    for key in CURVE_METRICS:
-        if key not in run.data.metrics:
-            continue
+    for key in keys:
         history = client.get_metric_history(run.info.run_id, key)
-        series = pd.Series({m.step: m.value for m in history}, name=key, dtype=float)
-        columns[key] = series
+        columns[key] = pd.Series({m.step: m.value for m in history}, name=key, dtype=float)
     frame = pd.DataFrame(columns).sort_index()
-    frame.index.name = ITERATION
+    frame.index.name = kind.step
     entropy = [k for k in ENTROPY_KEYS if k in frame]
     if entropy:
         frame[ENTROPY] = frame[entropy[0]]
+    phases = [k for k in frame if any(k.startswith(p) for p in LLM.prefixes)]
+    if phases:
+        frame[names.LLM_PEAK_MEMORY] = frame[phases].max(axis=1)
     return frame.drop(columns=list(ENTROPY_KEYS), errors="ignore")
+
+
+def _trial(client, experiment: str, run) -> Trial:
+    """The trial of a child run: its tags say its kind, algorithm, subject and seed."""
+    tags = run.data.tags
+    values = _search_values(run)
+    seed = next((values.pop(k) for k in SEED_KEYS if k in values), tags.get(names.SEED))
+    model = tags.get(names.MODEL)
+    if model is not None:
+        values = {k: v for k, v in values.items() if k not in LLM_TAGGED_KEYS}
+    trial = Trial(experiment=experiment, run_id=run.info.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
+                  env=tags.get(names.ENV, "?"), seed=seed, config=values, params=dict(run.data.params),
+                  curves=pd.DataFrame(), model=model, data=tags.get(names.DATA))
+    trial.curves = _curves(client, run, trial.kind)
+    return trial
 
 
 def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> list[Trial]:
@@ -137,19 +180,7 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
         if experiments and not runs:
             raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials")
         for run in runs:
-            if names.PARENT_RUN not in run.data.tags:
-                continue
-            values = _search_values(run)
-            seed = next((values.pop(k) for k in SEED_KEYS if k in values), run.data.tags.get(names.SEED))
-            trials.append(Trial(
-                experiment=exp.name,
-                run_id=run.info.run_id,
-                algorithm=run.data.tags.get(names.ALGORITHM, "?"),
-                env=run.data.tags.get(names.ENV, "?"),
-                seed=seed,
-                config=values,
-                params=dict(run.data.params),
-                curves=_curves(client, run),
-            ))
+            if names.PARENT_RUN in run.data.tags:
+                trials.append(_trial(client, exp.name, run))
     return trials
 

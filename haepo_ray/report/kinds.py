@@ -1,0 +1,95 @@
+"""The two kinds of trial a report reads, and what differs between them.
+
+RL trials (RLlib, tag ``haepo.env``) step by training iteration and time themselves by Tune's
+``time_total_s``; language-model trials (Ray Train, tag ``haepo.model``) step by RL update
+(``update`` survives a restart, Tune's iteration does not) and time themselves by
+``train_time_s`` (training only: no model loading, no restarts). Everything else (loading,
+seeds -> mean +- std, the figures, the table) is one code path that reads its metric names
+from a :class:`Kind`, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from haepo_ray import names
+
+ENTROPY = "policy_entropy"  # RLlib's two entropy keys (names.POLICY_ENTROPY_KEYS) as one column
+LAST, MAX, MEAN = "last", "max", "mean"  # how a trial's curve becomes one number in the table
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a kind of trial logs and how the report shows it."""
+
+    name: str
+    step: str  # the MLflow step and the curves' index
+    seconds: str  # the x axis "seconds": cumulative seconds at each step
+    headline: str  # whose final value picks a large grid's best configuration and fills heatmaps
+    headline_label: str
+    metrics: tuple[str, ...]  # the curves read from MLflow
+    prefixes: tuple[str, ...] = ()  # metric families read whole ("peak_memory_mb/<phase>")
+    curves: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # figure -> (metric, x, y label)
+    table: tuple[tuple[str, str, str], ...] = ()  # (column, metric, LAST | MAX | MEAN over a trial)
+    subject: tuple[str, ...] = ()  # tags naming what was trained, as table columns
+
+
+RL = Kind(
+    name="rl",
+    step=names.TRAINING_ITERATION,
+    seconds=names.TIME_TOTAL_S,
+    headline=names.EPISODE_RETURN_MEAN,
+    headline_label="return",
+    metrics=(names.TIME_TOTAL_S, names.ENV_STEPS, names.EPISODE_RETURN_MEAN, names.REGRET_PER_STEP,
+             names.SUCCESS_RATE, *names.POLICY_ENTROPY_KEYS),
+    curves={
+        "return-vs-updates": (names.EPISODE_RETURN_MEAN, names.TRAINING_ITERATION, "mean return"),
+        "return-vs-seconds": (names.EPISODE_RETURN_MEAN, names.TIME_TOTAL_S, "mean return"),
+        "regret": (names.REGRET_PER_STEP, names.TRAINING_ITERATION, "per-step regret"),
+        "success": (names.SUCCESS_RATE, names.TRAINING_ITERATION, "success rate"),
+        "entropy": (ENTROPY, names.TRAINING_ITERATION, "policy entropy"),
+    },
+    table=((("return", names.EPISODE_RETURN_MEAN, LAST), ("regret/step", names.REGRET_PER_STEP, LAST),
+            ("success", names.SUCCESS_RATE, LAST), ("entropy", ENTROPY, LAST))),
+)
+
+# The paper's language-model metrics (Sec. "LLM TL;DR"): summary quality and style at the end
+# of training, peak memory (the highest phase of any update: the device a run needs) and the
+# seconds an update takes.
+LLM = Kind(
+    name="llm",
+    step=names.LLM_UPDATE,
+    seconds=names.LLM_TRAIN_TIME,
+    headline=names.LLM_REWARD,
+    headline_label="reward",
+    metrics=(names.LLM_TRAIN_TIME, names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILARITY,
+             names.LLM_PROFANITY_RATE, names.LLM_COMPLETION_LENGTH, names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
+             names.LLM_KL, names.LLM_UPDATE_TIME),
+    prefixes=(f"{names.LLM_PEAK_MEMORY}/",),
+    curves={
+        "reward-vs-updates": (names.LLM_REWARD, names.LLM_UPDATE, "mean reward"),
+        "reward-vs-seconds": (names.LLM_REWARD, names.LLM_TRAIN_TIME, "mean reward"),
+        "rouge-l-vs-updates": (names.LLM_ROUGE_L, names.LLM_UPDATE, "ROUGE-L"),
+        "rouge-l-vs-seconds": (names.LLM_ROUGE_L, names.LLM_TRAIN_TIME, "ROUGE-L"),
+    },
+    table=(("reward", names.LLM_REWARD, LAST), ("ROUGE-L", names.LLM_ROUGE_L, LAST),
+           ("semantic similarity", names.LLM_SEMANTIC_SIMILARITY, LAST),
+           ("profanity rate", names.LLM_PROFANITY_RATE, LAST),
+           ("completion length", names.LLM_COMPLETION_LENGTH, LAST), ("KL", names.LLM_KL, LAST),
+           ("peak memory MB", names.LLM_PEAK_MEMORY, MAX), ("s / update", names.LLM_UPDATE_TIME, MEAN)),
+    subject=("model", "data"),
+)
+
+STEPS = (RL.step, LLM.step)  # x axes of whole steps: the curves' grid is the steps themselves
+
+
+def memory_phase(phase: str) -> str:
+    """``generation`` -> ``peak_memory_mb/generation``: a phase's peak-memory metric."""
+    return f"{names.LLM_PEAK_MEMORY}/{phase}"
+
+
+def memory_phases(columns) -> list[str]:
+    """The phases among ``columns`` (metric names), in an update's order, unknown ones last."""
+    found = [c.split("/", 1)[1] for c in columns if c.startswith(f"{names.LLM_PEAK_MEMORY}/")]
+    order = {p: i for i, p in enumerate(names.LLM_MEMORY_PHASES)}
+    return sorted(found, key=lambda p: (order.get(p, len(order)), p))
