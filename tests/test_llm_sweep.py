@@ -40,12 +40,10 @@ UPDATE_METRICS = (names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILA
 
 
 def smoke_spec(**changes) -> dict:
+    """llm_smoke.yaml with ``changes``: ``llm`` and ``settings`` are updated, other keys replaced."""
     spec = yaml.safe_load(SMOKE.read_text())
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(spec.get(key), dict):
-            spec[key] = {**spec[key], **value}
-        else:
-            spec[key] = value
+        spec[key] = {**spec[key], **value} if key in ("llm", "settings") else value
     return spec
 
 
@@ -122,18 +120,20 @@ def test_eval_form_from_the_smoke_sweep(smoke, tmp_path, capsys):
 def _final_checkpoint(result) -> Path:
     (trial,) = result.trials
     folders = Path(result.run_dir).glob(f"*_{trial.trial_id}_*/train/checkpoint_*")
-    return max(folders, key=lambda p: p.name)
+    return max((p for p in folders if p.is_dir()), key=lambda p: p.name)
 
 
 def test_two_workers_train_what_one_worker_trains(ray_session, tmp_path, monkeypatch):
     """Whole prompt groups per worker, gradients summed: the same updates on the same prompts.
-    (Rewards come from float32 MiniLM embeddings, batched differently: hence not bitwise.)"""
+    The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
+    texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
     monkeypatch.chdir(tmp_path)
     runs = []
     for workers in (1, 2):
         spec = smoke_spec(name=f"workers{workers}", llm={"num_workers": workers, "cpus_per_worker": 0.5},
                           search_space={}, algorithm="HAEPO",
-                          settings={"rl_updates": 2, "sft_examples": 4, "dtype": "float64"})
+                          settings={"rl_updates": 2, "sft_examples": 4, "dtype": "float64",
+                                    "reward_weights": [0.5, 0.0, 0.5]})
         result = run_sweep(parse_plan(spec, f"workers{workers}.yaml"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
                            storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
         assert [t.status for t in result.trials] == ["TERMINATED"]
@@ -141,15 +141,15 @@ def test_two_workers_train_what_one_worker_trains(ray_session, tmp_path, monkeyp
     one, two = (torch.load(run / "state.pt", weights_only=True)["model"] for run in runs)
     assert one.keys() == two.keys() and one
     for key in one:
-        torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-6, msg=key)
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-9, msg=key)
     # The losses, rewards and KL of every SFT step and update agree (Adam would hide a wrong
-    # gradient scale in the weights; the reported losses would not).
+    # gradient scale in the weights; the reported losses would not); rewards are float32.
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
     assert [r["update"] for r in rows[0]] == [r["update"] for r in rows[1]] == [1, 2, 1, 2]
     for a, b in zip(*rows, strict=True):
         for key in ("loss", "reward_mean", "kl", "completion_length"):
             if key in a:
-                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-8), (a["phase"], a["update"], key)
+                assert b[key] == pytest.approx(a[key], rel=1e-6), (a["phase"], a["update"], key)
     # ... and training moved the weights: the comparison is not between two untrained models.
     from haepo_ray.llm.train import LLMRun, LLMTrainSettings
 

@@ -27,7 +27,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
