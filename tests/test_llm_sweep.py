@@ -117,6 +117,24 @@ def test_eval_form_from_the_smoke_sweep(smoke, tmp_path, capsys):
     assert not any(row["run_id"] in form for row in key) and "HAEPO" not in form
 
 
+def test_report_of_the_smoke_sweep(smoke, tmp_path):
+    """haepo report reads the real sweep: one row per algorithm, 2 seeds, every update."""
+    from haepo_ray.report import build_report
+
+    server, result, _ = smoke
+    report = build_report(server.uri, ["llm_smoke"], tmp_path / "report")
+    rows = {r["algorithm"]: r for _, r in report.table.iterrows()}
+    assert sorted(rows) == ["DPO", "GRPO", "HAEPO"]
+    updates = yaml.safe_load(SMOKE.read_text())["settings"]["rl_updates"]
+    for algorithm, row in rows.items():
+        assert (row["model"], row["seeds"], row["updates"]) == ("tiny", 2, updates), algorithm
+        finals = [t.value for t in result.trials if t.values["algorithm"] == algorithm]
+        assert row["reward mean"] == pytest.approx(sum(finals) / 2), algorithm
+    assert any("memory" in fig.stem for fig in report.figures)
+    assert all((tmp_path / "report" / f"{fig.stem}.png").exists() for fig in report.figures)
+    assert "llm_smoke" in (tmp_path / "report" / "index.html").read_text()
+
+
 def _final_checkpoint(result) -> Path:
     (trial,) = result.trials
     folders = Path(result.run_dir).glob(f"*_{trial.trial_id}_*/train/checkpoint_*")
