@@ -175,6 +175,24 @@ def test_two_workers_train_what_one_worker_trains(ray_session, tmp_path, monkeyp
     assert any(not torch.equal(fresh.state_dict()[k], one[k]) for k in one)
 
 
+def _train_workers_of_this_ray() -> list[int]:
+    """PIDs of the Ray Train workers of this test's Ray (children of its raylet, whose command
+    line names this worker's Ray folder), not of any other Ray on the machine."""
+    import psutil
+
+    from conftest import ray_temp_dir
+
+    pids = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "RayTrainWorker" in " ".join(proc.info["cmdline"] or []) and \
+                    ray_temp_dir() in " ".join(proc.parent().cmdline()):
+                pids.append(proc.pid)
+        except (psutil.Error, AttributeError):  # gone meanwhile, or no parent
+            continue
+    return pids
+
+
 class KillWorkerAt:
     """Kills the trial's Ray Train worker (SIGKILL) once it has checkpointed update ``at``."""
 
@@ -183,8 +201,6 @@ class KillWorkerAt:
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
-        import psutil
-
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not self.killed:
             for state in self.results.rglob("train/checkpoint_*/state.pt"):
@@ -193,10 +209,9 @@ class KillWorkerAt:
                 except Exception:  # still being written
                     continue
                 if update >= self.at:
-                    for proc in psutil.process_iter(["cmdline"]):
-                        if "RayTrainWorker" in " ".join(proc.info["cmdline"] or []):
-                            os.kill(proc.pid, signal.SIGKILL)
-                            self.killed = True
+                    for pid in _train_workers_of_this_ray():
+                        os.kill(pid, signal.SIGKILL)
+                        self.killed = True
                     break
             time.sleep(0.2)
 
