@@ -3,9 +3,9 @@
 - tune_configs/llm_smoke.yaml (HAEPO, GRPO, DPO x 2 seeds on the tiny LM) against a real
   ``mlflow server``: one parent, one child per trial with its algorithm and model tags, every
   update's metrics once, generations.jsonl at the run's root and the final checkpoint;
-- a trial on 2 CPU workers (gloo) ends with the weights of the same trial on 1 worker;
-- a trial whose worker is killed mid-run resumes from its Ray Train checkpoint, with each
-  update in MLflow once;
+- a trial on 2 CPU workers (gloo), one of them killed mid-run and the trial resumed from its
+  Ray Train checkpoint, ends with the weights of the same trial on 1 worker, each update in
+  MLflow once;
 - spec errors name the key.
 """
 
@@ -141,40 +141,6 @@ def _final_checkpoint(result) -> Path:
     return max((p for p in folders if p.is_dir()), key=lambda p: p.name)
 
 
-def test_two_workers_train_what_one_worker_trains(ray_session, tmp_path, monkeypatch):
-    """Whole prompt groups per worker, gradients summed: the same updates on the same prompts.
-    The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
-    texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
-    monkeypatch.chdir(tmp_path)
-    runs = []
-    for workers in (1, 2):
-        spec = smoke_spec(name=f"workers{workers}", llm={"num_workers": workers, "cpus_per_worker": 0.5},
-                          search_space={}, algorithm="HAEPO",
-                          settings={"rl_updates": 2, "sft_examples": 4, "dtype": "float64",
-                                    "reward_weights": [0.5, 0.0, 0.5]})
-        result = run_sweep(parse_plan(spec, f"workers{workers}.yaml"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-                           storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
-        assert [t.status for t in result.trials] == ["TERMINATED"]
-        runs.append(_final_checkpoint(result))
-    one, two = (torch.load(run / "state.pt", weights_only=True)["model"] for run in runs)
-    assert one.keys() == two.keys() and one
-    for key in one:
-        torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-9, msg=key)
-    # The losses, rewards and KL of every SFT step and update agree (Adam would hide a wrong
-    # gradient scale in the weights; the reported losses would not); rewards are float32.
-    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
-    assert [r["update"] for r in rows[0]] == [r["update"] for r in rows[1]] == [1, 2, 1, 2]
-    for a, b in zip(*rows, strict=True):
-        for key in ("loss", "reward_mean", "kl", "completion_length"):
-            if key in a:
-                assert b[key] == pytest.approx(a[key], rel=1e-6), (a["phase"], a["update"], key)
-    # ... and training moved the weights: the comparison is not between two untrained models.
-    from haepo_ray.llm.train import LLMRun, LLMTrainSettings
-
-    fresh = LLMRun(LLMTrainSettings(model="tiny", dtype="float64", eval_prompts=2), tmp_path / "fresh").model
-    assert any(not torch.equal(fresh.state_dict()[k], one[k]) for k in one)
-
-
 def _train_workers_of_this_ray() -> list[int]:
     """PIDs of the Ray Train workers of this test's Ray (children of its raylet, whose command
     line names this worker's Ray folder), not of any other Ray on the machine."""
@@ -216,26 +182,59 @@ class KillWorkerAt:
             time.sleep(0.2)
 
 
-def test_killed_worker_resumes_from_its_checkpoint_without_duplicate_steps(ray_session, tmp_path, monkeypatch):
+UPDATES = 12  # enough for the kill to land mid-run: a tiny update takes a fraction of a second
+
+
+def test_two_workers_killed_midway_train_what_one_worker_trains(ray_session, tmp_path, monkeypatch):
+    """Whole prompt groups per worker and gradients summed: 2 workers train what 1 does on the
+    same prompts, even when a worker is killed after its update-2 checkpoint and Tune retries
+    the trial from that checkpoint; MLflow gets every update once.
+
+    The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
+    texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
     monkeypatch.chdir(tmp_path)
-    spec = smoke_spec(name="killed", search_space={}, algorithm="GRPO", max_failures=1, checkpoint_frequency=1,
-                      settings={"rl_updates": 12})
-    killer = KillWorkerAt(tmp_path / "results", at=2)
-    killer.thread.start()
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = run_sweep(parse_plan(spec, "killed.yaml"), tracking_uri=uri, storage_path=str(tmp_path / "results"),
-                       out=io.StringIO(), verbose=0)
-    assert killer.killed, "the worker was not killed"
-    (trial,) = result.trials
-    assert trial.status == "TERMINATED" and trial.num_failures == 1 and trial.iterations == 12
-    client = MlflowClient(uri)
-    _, (child,) = find_sweep_runs(uri, "killed", result.parent_run_id)
-    assert child.info.status == "FINISHED"
-    for key in UPDATE_METRICS:
-        assert update_history(client, child.info.run_id, key) == list(range(1, 13)), key
-    # The restarted trial went on from a checkpoint: it did not run SFT and update 1 again.
-    rows = [json.loads(line) for line in (_final_checkpoint(result) / "metrics.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in rows if r["phase"] == "rl"] == list(range(1, 13))
+    runs = []
+    for workers in (1, 2):
+        name = f"workers{workers}"
+        spec = smoke_spec(name=name, llm={"num_workers": workers, "cpus_per_worker": 0.5}, search_space={},
+                          algorithm="HAEPO", max_failures=1, checkpoint_frequency=1,
+                          settings={"rl_updates": UPDATES, "sft_examples": 4, "dtype": "float64",
+                                    "reward_weights": [0.5, 0.0, 0.5]})
+        killer = KillWorkerAt(tmp_path / "results" / name, at=2) if workers == 2 else None
+        if killer:
+            killer.thread.start()
+        result = run_sweep(parse_plan(spec, f"{name}.yaml"), tracking_uri=uri, storage_path=str(tmp_path / "results"),
+                           out=io.StringIO(), verbose=0)
+        (trial,) = result.trials
+        assert (trial.status, trial.iterations) == ("TERMINATED", UPDATES)
+        if killer:
+            assert killer.killed, "the worker was not killed"
+            assert trial.num_failures == 1
+        _, (child,) = find_sweep_runs(uri, name, result.parent_run_id)
+        assert child.info.status == "FINISHED"
+        for key in UPDATE_METRICS:
+            assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, UPDATES + 1)), key
+        runs.append(_final_checkpoint(result))
+
+    one, two = (torch.load(run / "state.pt", weights_only=True)["model"] for run in runs)
+    assert one.keys() == two.keys() and one
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-9, msg=key)
+    # Every SFT step and update once, with the same losses, rewards and KL (Adam would hide a
+    # wrong gradient scale in the weights; the reported losses would not); rewards are float32.
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
+    assert [(r["phase"], r["update"]) for r in rows[1]] == [(r["phase"], r["update"]) for r in rows[0]]
+    assert [r["update"] for r in rows[0] if r["phase"] == "rl"] == list(range(1, UPDATES + 1))
+    for a, b in zip(*rows, strict=True):
+        for key in ("loss", "reward_mean", "kl", "completion_length"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-6), (a["phase"], a["update"], key)
+    # ... and training moved the weights: the comparison is not between two untrained models.
+    from haepo_ray.llm.train import LLMRun, LLMTrainSettings
+
+    fresh = LLMRun(LLMTrainSettings(model="tiny", dtype="float64", eval_prompts=2), tmp_path / "fresh").model
+    assert any(not torch.equal(fresh.state_dict()[k], one[k]) for k in one)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -68,6 +68,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -410,7 +411,7 @@ def _annotation_models(annotation: Any) -> list[type[BaseModel]]:
     origin = typing.get_origin(annotation)
     if origin is Annotated:
         return _annotation_models(typing.get_args(annotation)[0])
-    if origin is Union or (origin is not None and str(origin) == "types.UnionType"):
+    if origin is Union or origin is types.UnionType:
         out: list[type[BaseModel]] = []
         for arg in typing.get_args(annotation):
             out += _annotation_models(arg)
