@@ -49,14 +49,29 @@ def tiny_lm():
     return model.double().eval(), tokenizer
 
 
-# The modules that take longest, longest first (measured with --durations; the 3-node
-# cluster leads). Under pytest-xdist each module runs whole on one worker (--dist loadfile,
-# --no-loadscope-reorder): starting the long ones first keeps one of them from running
-# alone at the end.
-LONGEST_FIRST = ("test_multinode.py", "test_sweep_e2e.py", "test_tracking.py", "test_algorithm.py",
-                 "test_listwise.py", "test_report.py", "test_baselines.py")
+# How long the slow modules take, in seconds: their tests' setup + call + teardown summed
+# (`make test PYTEST_ARGS=--junitxml=t.xml` gives them per test), measured 2026-11-23 on the
+# 2-core machine at load average ~10 (at low load about 0.45 times these). Under pytest-xdist
+# each module runs whole on one worker (--dist loadfile, --no-loadscope-reorder) and a worker
+# takes the next module from this order when it is down to its last two tests: longest first
+# keeps a long module from running alone at the end while the other worker idles. A module
+# not listed runs after these, in file order, so a new slow module needs its line here.
+MODULE_SECONDS = {
+    "test_sweep_e2e.py": 400,
+    "test_algorithm.py": 330,
+    "test_multinode.py": 250,
+    "test_llm_train.py": 200,
+    "test_tracking.py": 180,
+    "test_report.py": 115,
+    "test_cli.py": 105,
+    "test_listwise.py": 95,
+    "test_baselines.py": 65,
+    "test_sweep_spec.py": 35,
+    "test_cluster_files.py": 25,
+    "test_dashboards.py": 22,
+    "test_llm_eval_form.py": 19,
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable within a module
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))  # stable within a module

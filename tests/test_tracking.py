@@ -20,10 +20,11 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 from ray import tune
 
 from haepo_ray import tracking
-from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.runner import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,7 +185,11 @@ class MLflowServer:
              "--backend-store-uri", f"sqlite:///{self.db}",
              "--artifacts-destination", str(root / "artifacts")],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"},
+            # No job execution: it starts a second process (huey consumer) that imports
+            # MLflow alongside the server, tripling the start-up (20 s -> 60 s on 2 busy
+            # cores); the tests use no MLflow jobs (cluster/local/start.sh turns it off too).
+            env={**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"},
+                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -206,34 +211,62 @@ class MLflowServer:
         self.log.close()
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    server = MLflowServer(tmp_path)
+@pytest.fixture(scope="module")
+def mlflow_servers(tmp_path_factory):
+    """The module's servers: a live one is shared (its start takes 20 to 40 s here); the test
+    that kills it takes it last (it is the last in this file), and any later test gets a new one."""
+    servers: list[MLflowServer] = []
+
+    def live() -> MLflowServer:
+        if not servers or servers[-1].proc.poll() is not None:
+            servers.append(MLflowServer(tmp_path_factory.mktemp("mlflow-server")))
+        return servers[-1]
+
     try:
-        yield server
+        yield live
     finally:
-        server.kill()
+        for server in servers:
+            server.kill()
+
+
+@pytest.fixture
+def mlflow_server(mlflow_servers) -> MLflowServer:
+    return mlflow_servers()
 
 
 def test_smoke_sweep_remote_mlflow_server(ray_session, mlflow_server, tmp_path, monkeypatch):
+    """The smoke spec tracked over HTTP. Cut to 2 trials of 4 iterations (a checkpoint at 2
+    and at the end): every kind of MLflow call goes through the server just the same, and
+    test_sweep_e2e runs the whole smoke sweep against SQLite."""
     from test_sweep_e2e import check_sweep_in_mlflow
 
     monkeypatch.chdir(tmp_path)
-    result = run_sweep(load_plan(SMOKE), tracking_uri=mlflow_server.uri,
+    data = yaml.safe_load(SMOKE.read_text())
+    data["search_space"]["seed"] = {"grid": [0]}
+    data.update(stop={"iterations": 4}, checkpoint_frequency=2)
+    result = run_sweep(parse_plan(data, "smoke.yaml"), tracking_uri=mlflow_server.uri,
                        storage_path=str(tmp_path / "results"), out=io.StringIO())
-    assert all(t.status == "TERMINATED" and t.iterations == 8 for t in result.trials)
+    assert len(result.trials) == 2
+    assert all(t.status == "TERMINATED" and t.iterations == 4 for t in result.trials)
     assert not result.not_logged
-    check_sweep_in_mlflow(mlflow_server.uri, "smoke", result, iterations=8)
+    check_sweep_in_mlflow(mlflow_server.uri, "smoke", result, iterations=4)
     # The checkpoints went through the server to its artifact store.
-    assert list((tmp_path / "artifacts").rglob("rllib_checkpoint.json"))
+    experiment_id = MlflowClient(mlflow_server.uri).get_experiment_by_name("smoke").experiment_id
+    assert list((mlflow_server.root / "artifacts" / experiment_id).rglob("rllib_checkpoint.json"))
 
 
-def _child_metric_rows(db: Path) -> int:
+# Runs of one experiment (the server is shared with the other tests of this file).
+_RUNS_OF = ("select r.run_uuid from runs r join experiments e on e.experiment_id = r.experiment_id "
+            "where e.name = ?")
+
+
+def _child_metric_rows(db: Path, experiment: str) -> int:
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
             return conn.execute(
                 "select count(*) from metrics where run_uuid in "
-                "(select run_uuid from tags where key = 'mlflow.parentRunId')").fetchone()[0]
+                f"(select run_uuid from tags where key = 'mlflow.parentRunId' and run_uuid in ({_RUNS_OF}))",
+                (experiment,)).fetchone()[0]
     except sqlite3.Error:
         return 0
 
@@ -244,11 +277,11 @@ class KillServerMidSweep(tune.Callback):
     after the sweep's client holds that child's run id (it logs metrics only then; a kill
     right after the server stored a run could lose the reply that creates it)."""
 
-    def __init__(self, pid: int, db: Path):
-        self.pid, self.db, self.killed_at = pid, db, None
+    def __init__(self, pid: int, db: Path, experiment: str):
+        self.pid, self.db, self.experiment, self.killed_at = pid, db, experiment, None
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if self.killed_at is None and _child_metric_rows(self.db) >= 1:
+        if self.killed_at is None and _child_metric_rows(self.db, self.experiment) >= 1:
             os.killpg(self.pid, signal.SIGKILL)
             self.killed_at = result["training_iteration"]
 
@@ -262,7 +295,7 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
     data["stop"] = {"iterations": 30}
     data["settings"].update(lr=0.05, min_time_s_per_iteration=0.5)
     spec = parse_plan(data, "doomed.yaml")
-    killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db)
+    killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db, "doomed")
 
     with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
         result = run_sweep(spec, tracking_uri=mlflow_server.uri, storage_path=str(tmp_path / "results"),
@@ -287,5 +320,6 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
 
     # What the server stored before it died is there: the parent and a child run.
     with sqlite3.connect(mlflow_server.db) as conn:
-        roles = [r for (r,) in conn.execute("select value from tags where key = 'haepo.role'")]
+        roles = [r for (r,) in conn.execute(
+            f"select value from tags where key = 'haepo.role' and run_uuid in ({_RUNS_OF})", ("doomed",))]
     assert roles.count("sweep") == 1 and roles.count("trial") >= 1
