@@ -57,6 +57,7 @@ def tiny_lm():
 # keeps a long module from running alone at the end while the other worker idles. A module
 # not listed runs after these, in file order, so a new slow module needs its line here.
 MODULE_SECONDS = {
+    "test_llm_sweep.py": 700,  # 10 Ray Train trial starts (6 + 2 + a restart + 1), then their checks
     "test_sweep_e2e.py": 400,
     "test_algorithm.py": 330,
     "test_multinode.py": 250,
