@@ -65,11 +65,8 @@ setting names, trial configs).
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -85,6 +82,7 @@ from pydantic import (
 )
 
 from haepo_ray import names
+from haepo_ray.sweep.spec_errors import format_validation_error
 
 DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 SEARCH_ALGORITHMS = ("grid", "random", "optuna")
@@ -403,83 +401,6 @@ class RLSweepSpec(SweepSpec):
     stop: StopSpec
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def _annotation_models(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models an annotation may hold (through Optional/Union/Annotated)."""
-    origin = typing.get_origin(annotation)
-    if origin is Annotated:
-        return _annotation_models(typing.get_args(annotation)[0])
-    if origin is Union or origin is types.UnionType:
-        out: list[type[BaseModel]] = []
-        for arg in typing.get_args(annotation):
-            out += _annotation_models(arg)
-        return out
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return []
-
-
-def _allowed_keys(loc: tuple) -> list[str] | None:
-    """Field names allowed at ``loc`` (the location of the parent mapping of a bad key)."""
-    model: type[BaseModel] = SweepSpec
-    i = 0
-    while i < len(loc):
-        part = loc[i]
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        annotation = field.annotation
-        if typing.get_origin(annotation) is dict:
-            annotation = typing.get_args(annotation)[1]
-            i += 1  # skip the dict key
-        models = _annotation_models(annotation)
-        if not models:
-            return None
-        if len(models) > 1:  # a discriminated union: the next loc element is the tag
-            if i + 1 >= len(loc):
-                return None
-            tag = loc[i + 1]
-            models = [m for m in models if m.model_fields.get("type") is not None
-                      and m.model_fields["type"].annotation == Literal[tag]]
-            if not models:
-                return None
-            i += 1
-        model = models[0]
-        i += 1
-    return [k for k in model.model_fields if k != "source"]
-
-
-def _format_loc(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
-
-
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        # The scheduler's discriminator tag (fifo/asha/pbt) is in pydantic's loc, not in the file.
-        shown = loc[:1] + loc[2:] if len(loc) >= 2 and loc[0] == "scheduler" and loc[1] in (
-            "fifo", "asha", "pbt") else loc
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(loc[:-1])
-            msg = f"unknown key {loc[-1]!r}"
-            if allowed is not None:
-                close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-                msg += (f" (did you mean {close[0]!r}?)" if close else "") + f"; allowed: {', '.join(allowed)}"
-        elif e["type"] == "missing":
-            msg = "required key missing"
-        elif e["type"] == "union_tag_invalid":
-            msg = f"unknown type {e.get('input', {}).get('type')!r}; allowed: fifo, asha, pbt"
-        elif e["type"] == "union_tag_not_found":
-            msg = "needs a type: fifo, asha or pbt"
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"{source}: {_format_loc(shown)}: {msg}")
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- entry point
 
 
@@ -490,7 +411,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
     try:
         spec = (SweepSpec if "llm" in data else RLSweepSpec).model_validate(dict(data))
     except ValidationError as err:
-        raise SpecError(_format_validation_error(err, source)) from None
+        raise SpecError(format_validation_error(err, source, SweepSpec)) from None
     spec.source = source
     if spec.name is None and source not in ("<spec>", ""):
         spec.name = Path(source).stem
