@@ -1,11 +1,13 @@
-"""Language-model sweeps end to end: each trial a Ray Train ``TorchTrainer`` in ``haepo sweep``.
+"""Language-model sweeps end to end in ``haepo sweep``: trials in their own process and
+trials of Ray Train ``TorchTrainer`` workers.
 
-- tune_configs/llm_smoke.yaml (HAEPO, GRPO, DPO x 2 seeds on the tiny LM) against a real
-  ``mlflow server``: one parent, one child per trial with its algorithm and model tags, every
-  update's metrics once, generations.jsonl at the run's root and the final checkpoint;
-- a trial on 2 CPU workers (gloo), one of them killed mid-run and the trial resumed from its
-  Ray Train checkpoint, ends with the weights of the same trial on 1 worker, each update in
-  MLflow once;
+- tune_configs/llm_smoke.yaml (HAEPO, GRPO, DPO x 2 seeds on the tiny LM, each trial in its
+  own process) against a real ``mlflow server``: one parent, one child per trial with its
+  algorithm and model tags, every update's metrics once, generations.jsonl at the run's root
+  and the final checkpoint;
+- a trial on 2 Ray Train CPU workers (gloo), one of them killed mid-run and the trial resumed
+  from its Ray Train checkpoint, ends with the weights of the same trial trained in the
+  trial's own process, each update in MLflow once, its checkpoint and generations logged;
 - spec errors name the key.
 """
 
@@ -20,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
 import yaml
@@ -78,7 +81,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
     assert [t.status for t in result.trials] == ["TERMINATED"] * 6
     assert all(t.iterations == updates for t in result.trials)
     assert not result.not_logged
-    assert parent.data.tags[names.MODEL] == "tiny" and parent.data.params["llm/num_workers"] == "1"
+    assert parent.data.tags[names.MODEL] == "tiny" and parent.data.params["llm/num_workers"] == "0"
     assert parent.info.status == "FINISHED"
     assert len(children) == 6
     seen = set()
@@ -87,7 +90,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
         assert tags[names.ROLE] == "trial" and tags[names.PARENT_RUN] == parent.info.run_id
         assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
         seen.add((tags[names.ALGORITHM], tags[names.SEED]))
-        assert params["ray_train/num_workers"] == "1" and params["rl_updates"] == str(updates)
+        assert params["ray_train/num_workers"] == "0" and params["rl_updates"] == str(updates)
         for key in UPDATE_METRICS:
             assert update_history(client, child.info.run_id, key) == list(range(1, updates + 1)), key
         assert 0 <= child.data.metrics[names.LLM_REWARD] <= 1
@@ -135,12 +138,6 @@ def test_report_of_the_smoke_sweep(smoke, tmp_path):
     assert "llm_smoke" in (tmp_path / "report" / "index.html").read_text()
 
 
-def _final_checkpoint(result) -> Path:
-    (trial,) = result.trials
-    folders = Path(result.run_dir).glob(f"*_{trial.trial_id}_*/train/checkpoint_*")
-    return max((p for p in folders if p.is_dir()), key=lambda p: p.name)
-
-
 def _train_workers_of_this_ray() -> list[int]:
     """PIDs of the Ray Train workers of this test's Ray (children of its raylet, whose command
     line names this worker's Ray folder), not of any other Ray on the machine."""
@@ -185,17 +182,18 @@ class KillWorkerAt:
 UPDATES = 12  # enough for the kill to land mid-run: a tiny update takes a fraction of a second
 
 
-def test_two_workers_killed_midway_train_what_one_worker_trains(ray_session, tmp_path, monkeypatch):
-    """Whole prompt groups per worker and gradients summed: 2 workers train what 1 does on the
-    same prompts, even when a worker is killed after its update-2 checkpoint and Tune retries
-    the trial from that checkpoint; MLflow gets every update once.
+def test_two_workers_killed_midway_train_what_one_process_trains(ray_session, tmp_path, monkeypatch):
+    """Whole prompt groups per worker and gradients summed: 2 Ray Train workers train what the
+    trial's own process (num_workers: 0) does on the same prompts, even when a worker is killed
+    after its update-2 checkpoint and Tune retries the trial from that checkpoint; MLflow gets
+    every update once and the final checkpoint with the generations at the run's root.
 
     The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
     texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     runs = []
-    for workers in (1, 2):
+    for workers in (0, 2):
         name = f"workers{workers}"
         spec = smoke_spec(name=name, llm={"num_workers": workers, "cpus_per_worker": 0.5}, search_space={},
                           algorithm="HAEPO", max_failures=1, checkpoint_frequency=1,
@@ -215,7 +213,10 @@ def test_two_workers_killed_midway_train_what_one_worker_trains(ray_session, tmp
         assert child.info.status == "FINISHED"
         for key in UPDATE_METRICS:
             assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, UPDATES + 1)), key
-        runs.append(_final_checkpoint(result))
+        artifacts = {a.path for a in MlflowClient(uri).list_artifacts(child.info.run_id)}
+        assert {"generations.jsonl", "checkpoint"} <= artifacts, artifacts
+        runs.append(Path(mlflow.artifacts.download_artifacts(run_id=child.info.run_id, artifact_path="checkpoint",
+                                                             tracking_uri=uri, dst_path=str(tmp_path / name))))
 
     one, two = (torch.load(run / "state.pt", weights_only=True)["model"] for run in runs)
     assert one.keys() == two.keys() and one

@@ -1,7 +1,8 @@
 """A language-model sweep spec (key ``llm``) resolved once: :class:`LLMPlan`.
 
 The counterpart of :class:`~haepo_ray.sweep.plan.SweepPlan` for trials that fine-tune a
-causal LM (:mod:`haepo_ray.llm`) on Ray Train workers. A trial's config is the
+causal LM (:mod:`haepo_ray.llm`) on Ray Train workers (or, with ``llm.num_workers: 0``, in
+the trial's own process). A trial's config is the
 :class:`~haepo_ray.llm.train.LLMTrainSettings` fields plus ``ray_train`` (the workers and
 checkpointing of :mod:`haepo_ray.sweep.llm_trainable`); MLflow logs both as params.
 
@@ -84,8 +85,8 @@ class LLMPlan:
     def title(self) -> str:
         llm = self.spec.llm
         algorithm = self.spec.algorithm or self.spec.search_space["algorithm"].describe()
-        return (f"{algorithm} on {llm.model} / {llm.data}, {llm.num_workers} Ray Train worker(s)"
-                + (" with GPUs" if llm.use_gpu else ""))
+        where = f"{llm.num_workers} Ray Train worker(s)" if llm.num_workers else "in the trial's process"
+        return f"{algorithm} on {llm.model} / {llm.data}, {where}" + (" with GPUs" if llm.use_gpu else "")
 
     @cached_property
     def param_space(self) -> dict[str, Any]:
@@ -96,16 +97,12 @@ class LLMPlan:
 
     def trial_config(self, values: dict[str, Any], *, validate: bool = True):
         """The trial's :class:`~haepo_ray.llm.train.LLMTrainSettings` with these search values."""
-        from haepo_ray.llm.train import LLMTrainSettings
-
-        config = {**self.base_config, **_renamed(values)}
-        config.pop(RAY_TRAIN)
         try:
-            settings = LLMTrainSettings(**config)
+            settings = trial_settings({**self.base_config, **_renamed(values)})
         except (TypeError, ValueError) as err:
             raise SpecError(str(err)) from None
         workers = self.spec.llm.num_workers
-        if validate and settings.batch_prompts % workers:
+        if validate and workers and settings.batch_prompts % workers:
             raise SpecError(f"batch_size ({settings.batch_prompts} prompts) must be a multiple of "
                             f"llm.num_workers ({workers}): each worker takes whole prompt groups")
         return settings
@@ -114,21 +111,31 @@ class LLMPlan:
         return {name: trial_config.get(key) for name, key in self.search_keys.items()}
 
     def trial_resources(self, values: dict[str, Any] | None = None) -> dict[str, float]:
-        """The trial's driver plus its Ray Train workers."""
-        spec, workers = self.spec, self.spec.llm.num_workers
-        per_worker = _worker_resources(spec)
-        total = {"CPU": spec.resources.cpus + workers * per_worker["CPU"],
-                 "GPU": spec.resources.gpus + workers * per_worker.get("GPU", 0)}
+        """The trial's process plus its Ray Train workers."""
+        per_worker = _worker_resources(self.spec)
+        own = self._own_resources()
+        workers = self.spec.llm.num_workers
+        total = {"CPU": own["cpu"] + workers * per_worker["CPU"],
+                 "GPU": own["gpu"] + workers * per_worker.get("GPU", 0)}
         return {k: v for k, v in total.items() if v}
 
     def trainable(self):
-        """The trial function (:func:`~haepo_ray.sweep.llm_trainable.llm_trial`) with the
-        driver's resources (the spec's ``resources``; the workers ask Ray Train for theirs)."""
+        """The trial function (:func:`~haepo_ray.sweep.llm_trainable.llm_trial`) with its own
+        process's resources (Ray Train workers ask Ray Train for theirs)."""
         from ray import tune
 
         from haepo_ray.sweep.llm_trainable import llm_trial
 
-        return tune.with_resources(llm_trial, {"cpu": self.spec.resources.cpus, "gpu": self.spec.resources.gpus})
+        return tune.with_resources(llm_trial, self._own_resources())
+
+    def _own_resources(self) -> dict[str, float]:
+        """The spec's ``resources``, plus one worker's when the trial's process trains."""
+        spec = self.spec
+        own = {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
+        if spec.llm.num_workers == 0:
+            per_worker = _worker_resources(spec)
+            own = {"cpu": own["cpu"] + per_worker["CPU"], "gpu": own["gpu"] + per_worker.get("GPU", 0)}
+        return own
 
     @property
     def trial_tags(self) -> dict[str, str]:
@@ -144,6 +151,13 @@ def checked(plan):
     except SpecError as err:
         raise SpecError(f"{plan.spec.source or '<spec>'}: settings: {err}") from None
     return plan
+
+
+def trial_settings(config: dict[str, Any], device: str = "cpu"):
+    """A trial config as :class:`~haepo_ray.llm.train.LLMTrainSettings` (without ``ray_train``)."""
+    from haepo_ray.llm.train import LLMTrainSettings
+
+    return LLMTrainSettings(**{k: v for k, v in config.items() if k != RAY_TRAIN} | {"device": device})
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:

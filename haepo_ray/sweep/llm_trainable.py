@@ -1,4 +1,5 @@
-"""The Tune trainable of a language-model sweep: each trial is a Ray Train ``TorchTrainer``.
+"""The Tune trainable of a language-model sweep: a Ray Train ``TorchTrainer`` per trial, or
+the trial's own process.
 
 *Why a function that builds a trainer.* Ray 2.60 runs Ray Train V2, where handing a
 ``TorchTrainer`` to a ``Tuner`` is deprecated; a Tune trial is a function (:func:`llm_trial`,
@@ -7,6 +8,12 @@ the trial's *driver*) that builds the trainer and fits it, and Train's
 for the spec's ``resources``, the workers ask Ray Train for theirs (``llm`` in the spec), so
 Tune does not count them (language-model sweeps run one trial at a time unless the spec's
 ``max_concurrent_trials`` says otherwise).
+
+*Why also without Ray Train.* With ``llm.num_workers: 0`` the trial's process runs the same
+loop itself, as RLlib's ``num_learners=0`` does: a one-worker ``TorchTrainer`` starts about
+seven actor processes (controller, workers, queue, synchronisation, ...), 20-30 s per trial on
+2 CPU cores, more than a small model's few updates; a finished trial's process is reused by the
+next (``reuse_actors``), imports and all. Tune then keeps the checkpoints.
 
 *Workers.* :func:`worker_loop` runs :class:`~haepo_ray.llm.train.LLMRun` on each worker with
 the process group Ray Train set up (gloo on CPU, NCCL on GPU): whole prompt groups per worker,
@@ -25,20 +32,26 @@ update (``names.LLM_UPDATE``) does not, so it is the step of everything downstre
 from __future__ import annotations
 
 import tempfile
+from types import ModuleType
 from typing import Any
 
 from haepo_ray import names
-from haepo_ray.sweep.llm_plan import RAY_TRAIN
+from haepo_ray.sweep.llm_plan import RAY_TRAIN, trial_settings
 
 
 def llm_trial(config: dict[str, Any]) -> None:
-    """One trial: a ``TorchTrainer`` of :func:`worker_loop` on ``config[RAY_TRAIN]``'s workers."""
+    """One trial: :func:`worker_loop` here (no workers) or in a ``TorchTrainer`` of
+    ``config[RAY_TRAIN]``'s workers."""
     import ray.train
     from ray import tune
+
+    workers = config[RAY_TRAIN]
+    if workers["num_workers"] == 0:
+        worker_loop(config, session=tune)
+        return
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    workers = config[RAY_TRAIN]
     storage = tune.get_context().get_storage()
     trainer = TorchTrainer(
         worker_loop,
@@ -57,37 +70,49 @@ def llm_trial(config: dict[str, Any]) -> None:
     trainer.fit()
 
 
-def worker_loop(config: dict[str, Any]) -> None:
-    """One Ray Train worker: SFT (or the newest checkpoint), then one report per RL update."""
+def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> None:
+    """One worker: SFT (or the newest checkpoint), then one report per RL update.
+
+    ``session``: the module whose ``get_checkpoint``, ``report`` and ``Checkpoint`` it uses,
+    ``ray.train`` (a Ray Train worker, the default) or ``ray.tune`` (the trial's process)."""
     import ray.train
-    import ray.train.torch
 
     from haepo_ray.llm.distributed import World
-    from haepo_ray.llm.train import LLMRun, LLMTrainSettings
+    from haepo_ray.llm.train import LLMRun
     from haepo_ray.tracking.schema import flatten
 
+    session = session or ray.train
     workers = config[RAY_TRAIN]
-    device = str(ray.train.torch.get_device()) if workers["use_gpu"] else "cpu"
-    settings = LLMTrainSettings(**{k: v for k, v in config.items() if k != RAY_TRAIN} | {"device": device})
+    if not workers["use_gpu"]:
+        device = "cpu"
+    elif session is ray.train:
+        import ray.train.torch
+
+        device = str(ray.train.torch.get_device())
+    else:
+        device = "cuda"  # Tune gave the trial's process its GPU (CUDA_VISIBLE_DEVICES)
+    settings = trial_settings(config, device)
     every = workers["checkpoint_frequency"]
     with tempfile.TemporaryDirectory(prefix="haepo-llm-") as out:
         run = LLMRun(settings, out, world=World.current())
         try:
-            checkpoint = ray.train.get_checkpoint()
+            checkpoint = session.get_checkpoint()
             if checkpoint is not None:
                 with checkpoint.as_directory() as folder:
                     run.restore(folder)
             else:
                 run.sft()
+            train_time = sum(r["time_s"] for r in run.rows)
             for row in run.rl():
+                train_time += row["time_s"]
                 final = run.update == settings.rl_updates
-                metrics = {**flatten(row), names.LLM_TRAIN_TIME: sum(r["time_s"] for r in run.rows)}
+                metrics = {**flatten(row), names.LLM_TRAIN_TIME: train_time}
                 metrics.pop("phase")
                 with tempfile.TemporaryDirectory(prefix="haepo-llm-checkpoint-") as folder:
                     saved = None
                     if run.world.is_main and (final or (every and run.update % every == 0)):
                         run.save(folder, final=final)
-                        saved = ray.train.Checkpoint.from_directory(folder)
-                    ray.train.report(metrics, checkpoint=saved)
+                        saved = session.Checkpoint.from_directory(folder)
+                    session.report(metrics, checkpoint=saved)
         finally:
             run.close()

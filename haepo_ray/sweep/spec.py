@@ -269,11 +269,12 @@ class RaySettings(_Model):
 
 class LLMSpec(_Model):
     """A language-model sweep (key ``llm``): each trial fine-tunes ``model`` on ``data`` with
-    Ray Train workers (:mod:`haepo_ray.sweep.llm_trainable`)."""
+    Ray Train workers, or in its own process with ``num_workers: 0``
+    (:mod:`haepo_ray.sweep.llm_trainable`)."""
 
     model: str = Field(min_length=1)
     data: str = Field("aclsum", min_length=1)
-    num_workers: int = Field(1, ge=1)
+    num_workers: int = Field(1, ge=0)
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float | None = Field(None, gt=0, description="default 1 with use_gpu")
@@ -338,7 +339,7 @@ class SweepSpec(_Model):
                              "(its generations are logged from that checkpoint)")
         if "metric" not in self.model_fields_set:
             self.metric = names.LLM_REWARD
-        if "max_concurrent_trials" not in self.model_fields_set:
+        if "max_concurrent_trials" not in self.model_fields_set and self.llm.num_workers:
             self.max_concurrent_trials = 1  # Tune does not count the Ray Train workers
         return self
 

@@ -107,10 +107,10 @@ def run_config(plan: Plan, *, storage_path: str, name: str, callbacks: list, ver
         storage_path=storage_path,
         stop=spec.stop_dict(),
         callbacks=callbacks,
-        # Language-model trials checkpoint through Ray Train (haepo_ray.sweep.llm_trainable).
-        checkpoint_config=tune.CheckpointConfig() if spec.llm else tune.CheckpointConfig(
-            checkpoint_frequency=spec.checkpoint_frequency,
-            checkpoint_at_end=spec.checkpoint_at_end,
+        # Language-model trials checkpoint when their loop says so (haepo_ray.sweep.llm_trainable).
+        checkpoint_config=tune.CheckpointConfig(
+            checkpoint_frequency=0 if spec.llm else spec.checkpoint_frequency,
+            checkpoint_at_end=False if spec.llm else spec.checkpoint_at_end,
             num_to_keep=spec.keep_checkpoints,
         ),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
