@@ -249,7 +249,7 @@ class Submission:
 def build_submission(args: SubmitOptions) -> Submission:
     """The entrypoint, runtime_env and metadata of a sweep job; raises UsageError."""
     from haepo_ray import __version__
-    from haepo_ray.sweep.plan import SweepPlan
+    from haepo_ray.sweep.plan import resolve_plan
     from haepo_ray.sweep.spec import SpecError, load_spec
 
     spec_path = Path(args.spec).expanduser()
@@ -259,7 +259,7 @@ def build_submission(args: SubmitOptions) -> Submission:
     try:
         spec = load_spec(spec_path)
         if args.check:
-            SweepPlan.resolve(spec)
+            resolve_plan(spec)
     except SpecError as err:
         raise UsageError(f"invalid spec\n{err}") from None
 

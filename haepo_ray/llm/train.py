@@ -43,11 +43,9 @@ import dataclasses
 import json
 import math
 import random
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +55,7 @@ from haepo_ray.llm.data import Example, format_prompt, load_examples, split_exam
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import ObjectiveSettings, backward, effective_num_trajectories, group_loss
+from haepo_ray.llm.objectives import backward, effective_num_trajectories, group_loss
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import (
     Batch,
@@ -68,6 +66,7 @@ from haepo_ray.llm.rollout import (
     sequence_logp,
     token_stats,
 )
+from haepo_ray.llm.settings import DTYPES, LLMTrainSettings
 
 __all__ = ["DTYPES", "LLMRun", "LLMTrainSettings", "train"]
 
@@ -76,68 +75,7 @@ METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "generations.jsonl"
 STATE_FILE = "state.pt"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}  # float64: exactness tests
 Callback = Callable[[dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class LLMTrainSettings:
-    """Everything a run depends on; defaults are the paper's where it gives them."""
-
-    algo: str = "HAEPO"
-    model: str = "smollm2"
-    data: str = "aclsum"
-    sft_examples: int = 1000
-    rl_updates: int = 1000
-    batch_prompts: int = 4
-    group_size: int = 4
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "float32"
-    lr: float = 5e-5
-    sft_lr: float = 5e-5
-    sft_batch: int = 4
-    beta_ent: float = 1e-2
-    beta_kl: float = 1e-2
-    normalization: str = "zscore"
-    length_normalize: bool = False
-    weight_temperature: float = 1.0
-    clip_param: float = 0.2
-    dpo_beta: float = 0.1
-    max_new_tokens: int = 48
-    min_new_tokens: int = 1
-    temperature: float = 1.0
-    max_source_words: int = 300
-    micro_batch_size: int = 1
-    eval_prompts: int = 8
-    split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
-    eval_every: int = 0
-    reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
-
-    def __post_init__(self) -> None:
-        counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
-                  "max_new_tokens": 1, "min_new_tokens": 1, "max_source_words": 1, "micro_batch_size": 0,
-                  "eval_prompts": 1, "eval_every": 0, "split_seed": 0}
-        for name, low in counts.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-        for name in ("lr", "sft_lr", "temperature"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
-        self.objective()  # checks algo, betas, normalization, clip, temperature
-        SummaryReward(*self.reward_weights)
-
-    def objective(self) -> ObjectiveSettings:
-        names = [f.name for f in dataclasses.fields(ObjectiveSettings)]
-        return ObjectiveSettings(**{n: getattr(self, n) for n in names})
 
 
 def _cycle(examples: Sequence[Example], rng: random.Random) -> Iterator[Example]:

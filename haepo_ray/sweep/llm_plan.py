@@ -3,7 +3,7 @@
 The counterpart of :class:`~haepo_ray.sweep.plan.SweepPlan` for trials that fine-tune a
 causal LM (:mod:`haepo_ray.llm`) on Ray Train workers (or, with ``llm.num_workers: 0``, in
 the trial's own process). A trial's config is the
-:class:`~haepo_ray.llm.train.LLMTrainSettings` fields plus ``ray_train`` (the workers and
+:class:`~haepo_ray.llm.settings.LLMTrainSettings` fields plus ``ray_train`` (the workers and
 checkpointing of :mod:`haepo_ray.sweep.llm_trainable`); MLflow logs both as params.
 
 Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``, ``beta_ent``,
@@ -30,7 +30,7 @@ _FROM_SPEC = ("algo", "model", "data", "device")  # set by algorithm, llm.model,
 
 
 def _settings_fields() -> dict[str, Any]:
-    from haepo_ray.llm.train import LLMTrainSettings
+    from haepo_ray.llm.settings import LLMTrainSettings
 
     return {f.name: f.default for f in dataclasses.fields(LLMTrainSettings)}
 
@@ -96,7 +96,7 @@ class LLMPlan:
         return space
 
     def trial_config(self, values: dict[str, Any], *, validate: bool = True):
-        """The trial's :class:`~haepo_ray.llm.train.LLMTrainSettings` with these search values."""
+        """The trial's :class:`~haepo_ray.llm.settings.LLMTrainSettings` with these search values."""
         try:
             settings = trial_settings({**self.base_config, **_renamed(values)})
         except (TypeError, ValueError) as err:
@@ -154,8 +154,8 @@ def checked(plan):
 
 
 def trial_settings(config: dict[str, Any], device: str = "cpu"):
-    """A trial config as :class:`~haepo_ray.llm.train.LLMTrainSettings` (without ``ray_train``)."""
-    from haepo_ray.llm.train import LLMTrainSettings
+    """A trial config as :class:`~haepo_ray.llm.settings.LLMTrainSettings` (without ``ray_train``)."""
+    from haepo_ray.llm.settings import LLMTrainSettings
 
     return LLMTrainSettings(**{k: v for k, v in config.items() if k != RAY_TRAIN} | {"device": device})
 

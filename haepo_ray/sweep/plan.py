@@ -32,12 +32,9 @@ class SweepPlan:
     mutations: dict[str, Any]  # PBT's hyperparam_mutations, by config key
 
     @classmethod
-    def resolve(cls, spec: SweepSpec) -> SweepPlan | LLMPlan:
-        """Checks the algorithm, env and setting names against RLlib and builds the plan (a
-        spec with ``llm``: :meth:`LLMPlan.resolve`); raises :class:`SpecError` naming the
-        file, the key and what is allowed."""
-        if spec.llm is not None:
-            return LLMPlan.resolve(spec)
+    def resolve(cls, spec: SweepSpec) -> SweepPlan:
+        """Checks the algorithm, env and setting names against RLlib and builds the plan;
+        raises :class:`SpecError` naming the file, the key and what is allowed."""
         source = spec.source or "<spec>"
         try:
             base = configs.build_config(spec.algorithm, spec.env, env_config=spec.env_config,
@@ -114,9 +111,15 @@ class SweepPlan:
 Plan = SweepPlan | LLMPlan  # what a spec resolves to: an RL or a language-model sweep
 
 
+def resolve_plan(spec: SweepSpec) -> Plan:
+    """The spec's plan: :meth:`LLMPlan.resolve` for a spec with ``llm``, else
+    :meth:`SweepPlan.resolve`; raises :class:`SpecError`."""
+    return LLMPlan.resolve(spec) if spec.llm is not None else SweepPlan.resolve(spec)
+
+
 def load_plan(path: str | Path) -> Plan:
     """Reads, validates and resolves a sweep spec; raises :class:`SpecError`."""
-    return SweepPlan.resolve(load_spec(path))
+    return resolve_plan(load_spec(path))
 
 
 def _check_env(spec: SweepSpec, source: str) -> None:
@@ -165,5 +168,5 @@ def _check_setting_names(spec: SweepSpec, config, source: str) -> None:
 
 
 def parse_plan(data: Any, source: str = "<spec>") -> Plan:
-    """:func:`~haepo_ray.sweep.spec.parse_spec`, then :meth:`SweepPlan.resolve`."""
-    return SweepPlan.resolve(parse_spec(data, source))
+    """:func:`~haepo_ray.sweep.spec.parse_spec`, then :func:`resolve_plan`."""
+    return resolve_plan(parse_spec(data, source))

@@ -422,7 +422,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
 def load_spec(path: str | Path) -> SweepSpec:
     """Reads a sweep spec and validates its structure; raises :class:`SpecError` naming the
     file, the key and what is allowed. Algorithm, env and setting names are checked against
-    RLlib by :meth:`haepo_ray.sweep.plan.SweepPlan.resolve`."""
+    RLlib by :func:`haepo_ray.sweep.plan.resolve_plan`."""
     path = Path(path)
     try:
         text = path.read_text()
