@@ -179,63 +179,65 @@ class KillWorkerAt:
             time.sleep(0.2)
 
 
-UPDATES = 12  # enough for the kill to land mid-run: a tiny update takes a fraction of a second
+UPDATES = 8  # the kill lands after the update-2 checkpoint; a tiny update takes a fraction of a second
 
 
 def test_two_workers_killed_midway_train_what_one_process_trains(ray_session, tmp_path, monkeypatch):
-    """Whole prompt groups per worker and gradients summed: 2 Ray Train workers train what the
-    trial's own process (num_workers: 0) does on the same prompts, even when a worker is killed
-    after its update-2 checkpoint and Tune retries the trial from that checkpoint; MLflow gets
-    every update once and the final checkpoint with the generations at the run's root.
+    """Whole prompt groups per worker and gradients summed: 2 Ray Train workers train what one
+    process does uninterrupted on the same prompts (an LLMRun here), even when a worker is
+    killed after its update-2 checkpoint and Tune retries the trial from that checkpoint;
+    MLflow gets every update once and the final checkpoint with the generations at the run's
+    root. (The trial's own process, num_workers: 0, is the smoke sweep's.)
 
     The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
     texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
+    from haepo_ray.llm.train import LLMRun
+
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    runs = []
-    for workers in (0, 2):
-        name = f"workers{workers}"
-        spec = smoke_spec(name=name, llm={"num_workers": workers, "cpus_per_worker": 0.5}, search_space={},
-                          algorithm="HAEPO", max_failures=1, checkpoint_frequency=1,
-                          settings={"rl_updates": UPDATES, "sft_examples": 4, "dtype": "float64",
-                                    "reward_weights": [0.5, 0.0, 0.5]})
-        killer = KillWorkerAt(tmp_path / "results" / name, at=2) if workers == 2 else None
-        if killer:
-            killer.thread.start()
-        result = run_sweep(parse_plan(spec, f"{name}.yaml"), tracking_uri=uri, storage_path=str(tmp_path / "results"),
-                           out=io.StringIO(), verbose=0)
-        (trial,) = result.trials
-        assert (trial.status, trial.iterations) == ("TERMINATED", UPDATES)
-        if killer:
-            assert killer.killed, "the worker was not killed"
-            assert trial.num_failures == 1
-        _, (child,) = find_sweep_runs(uri, name, result.parent_run_id)
-        assert child.info.status == "FINISHED"
-        for key in UPDATE_METRICS:
-            assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, UPDATES + 1)), key
-        artifacts = {a.path for a in MlflowClient(uri).list_artifacts(child.info.run_id)}
-        assert {"generations.jsonl", "checkpoint"} <= artifacts, artifacts
-        runs.append(Path(mlflow.artifacts.download_artifacts(run_id=child.info.run_id, artifact_path="checkpoint",
-                                                             tracking_uri=uri, dst_path=str(tmp_path / name))))
+    spec = smoke_spec(name="workers2", llm={"num_workers": 2, "cpus_per_worker": 0.5}, search_space={},
+                      algorithm="HAEPO", max_failures=1, checkpoint_frequency=1,
+                      settings={"rl_updates": UPDATES, "sft_examples": 4, "dtype": "float64",
+                                "reward_weights": [0.5, 0.0, 0.5]})
+    plan = parse_plan(spec, "workers2.yaml")
+    killer = KillWorkerAt(tmp_path / "results" / "workers2", at=2)
+    killer.thread.start()
+    result = run_sweep(plan, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
+    (trial,) = result.trials
+    assert (trial.status, trial.iterations) == ("TERMINATED", UPDATES)
+    assert killer.killed, "the worker was not killed"
+    assert trial.num_failures == 1
+    _, (child,) = find_sweep_runs(uri, "workers2", result.parent_run_id)
+    assert child.info.status == "FINISHED"
+    for key in UPDATE_METRICS:
+        assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, UPDATES + 1)), key
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(child.info.run_id)}
+    assert {"generations.jsonl", "checkpoint"} <= artifacts, artifacts
+    checkpoint = Path(mlflow.artifacts.download_artifacts(run_id=child.info.run_id, artifact_path="checkpoint",
+                                                          tracking_uri=uri, dst_path=str(tmp_path / "workers2")))
+    two = torch.load(checkpoint / "state.pt", weights_only=True)["model"]
+    two_rows = [json.loads(line) for line in (checkpoint / "metrics.jsonl").read_text().splitlines()]
 
-    one, two = (torch.load(run / "state.pt", weights_only=True)["model"] for run in runs)
+    run = LLMRun(plan.trial_config({}), tmp_path / "one")
+    initial = {k: v.clone() for k, v in run.model.state_dict().items()}
+    run.sft()
+    for _ in run.rl():
+        pass
+    run.close()
+    one, one_rows = run.model.state_dict(), run.rows
     assert one.keys() == two.keys() and one
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-9, msg=key)
     # Every SFT step and update once, with the same losses, rewards and KL (Adam would hide a
     # wrong gradient scale in the weights; the reported losses would not); rewards are float32.
-    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs]
-    assert [(r["phase"], r["update"]) for r in rows[1]] == [(r["phase"], r["update"]) for r in rows[0]]
-    assert [r["update"] for r in rows[0] if r["phase"] == "rl"] == list(range(1, UPDATES + 1))
-    for a, b in zip(*rows, strict=True):
+    assert [(r["phase"], r["update"]) for r in two_rows] == [(r["phase"], r["update"]) for r in one_rows]
+    assert [r["update"] for r in one_rows if r["phase"] == "rl"] == list(range(1, UPDATES + 1))
+    for a, b in zip(one_rows, two_rows, strict=True):
         for key in ("loss", "reward_mean", "kl", "completion_length"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-6), (a["phase"], a["update"], key)
     # ... and training moved the weights: the comparison is not between two untrained models.
-    from haepo_ray.llm.train import LLMRun, LLMTrainSettings
-
-    fresh = LLMRun(LLMTrainSettings(model="tiny", dtype="float64", eval_prompts=2), tmp_path / "fresh").model
-    assert any(not torch.equal(fresh.state_dict()[k], one[k]) for k in one)
+    assert any(not torch.equal(initial[k], one[k]) for k in one)
 
 
 @pytest.mark.parametrize(("change", "message"), [
