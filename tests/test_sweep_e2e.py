@@ -296,32 +296,12 @@ def _tiny(**overrides) -> dict:
     return data
 
 
-def test_ppo_sweep_on_a_haepo_env(ray_session, tmp_path, monkeypatch):
-    """RLlib's PPO runs from a spec too; its trials make the haepo envs; batch_size is its
-    train_batch_size_per_learner; it reports the envs' success rate like HAEPO."""
-    monkeypatch.chdir(tmp_path)
-    spec = parse_plan(_tiny(name="ppo", algorithm="PPO",
-                            settings={"num_env_runners": 0, "batch_size": 64, "minibatch_size": 32,
-                                      "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}},
-                            search_space={"lr": {"grid": [1e-3, 3e-3]}}, stop={"iterations": 2}),
-                      "ppo.yaml")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
-    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 2)] * 2
-    _, children = find_sweep_runs(uri, "ppo", result.parent_run_id)
-    assert len(children) == 2
-    for child in children:
-        assert child.data.tags["haepo.algorithm"] == "PPO"
-        assert child.data.params["_train_batch_size_per_learner"] == "64"
-        assert child.data.metrics["env_runners/num_env_steps_sampled_lifetime"] >= 128
-        # The paper's episode metrics, as for HAEPO (the chain MDP reports success).
-        assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0
-
-
 def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_path, monkeypatch):
-    """PPO with 64-step batches on 200-step random walks: most iterations end no episode, so
-    RLlib's result has no episode_return_mean, which Tune treats as fatal for the whole sweep.
-    The trial runs to the end; Tune sees the last return carried over (NaN before the first
+    """RLlib's PPO runs from a spec too (its trials make the haepo envs; batch_size is its
+    train_batch_size_per_learner; it reports the envs' success rate like HAEPO), here with
+    64-step batches on 200-step random walks: most iterations end no episode, so RLlib's
+    result has no episode_return_mean, which Tune treats as fatal for the whole sweep. The
+    trial runs to the end; Tune sees the last return carried over (NaN before the first
     episode); MLflow holds only the returns of iterations that ended an episode."""
     monkeypatch.chdir(tmp_path)
     spec = parse_plan(_tiny(name="long", algorithm="PPO", env="haepo/RandomWalk-v0",
@@ -351,6 +331,9 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
     logged = client.get_metric_history(child.info.run_id, METRIC)
     assert sorted(m.step for m in logged) == ended
     assert all(m.value == returns[m.step] for m in logged)
+    assert child.data.tags["haepo.algorithm"] == "PPO"
+    assert child.data.params["_train_batch_size_per_learner"] == "64"
+    assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0  # the paper's episode metric
 
 
 def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):
