@@ -50,27 +50,29 @@ def tiny_lm():
 
 
 # How long the slow modules take, in seconds: their tests' setup + call + teardown summed
-# (`make test PYTEST_ARGS=--junitxml=t.xml` gives them per test), measured 2026-11-23 on the
-# 2-core machine at load average ~10 (at low load about 0.45 times these). Under pytest-xdist
-# each module runs whole on one worker (--dist loadfile, --no-loadscope-reorder) and a worker
-# takes the next module from this order when it is down to its last two tests: longest first
-# keeps a long module from running alone at the end while the other worker idles. A module
-# not listed runs after these, in file order, so a new slow module needs its line here.
+# (`make test PYTEST_ARGS=--durations=0`), measured 2026-11-23 17:40 UTC on the 2-core machine
+# with the suite in a cgroup of high CPU shares while other jobs ran. Under pytest-xdist each
+# module runs whole on one worker (--dist loadfile, --no-loadscope-reorder) and a worker takes
+# the next module from this order when it is down to its last two tests: longest first keeps a
+# long module from running alone at the end while the other worker idles. A module not listed
+# runs after these, in file order, so a new slow module needs its line here.
 MODULE_SECONDS = {
-    "test_llm_sweep.py": 700,  # 10 Ray Train trial starts (6 + 2 + a restart + 1), then their checks
-    "test_sweep_e2e.py": 400,
-    "test_algorithm.py": 330,
-    "test_multinode.py": 250,
-    "test_llm_train.py": 200,
-    "test_tracking.py": 180,
-    "test_report.py": 115,
-    "test_cli.py": 105,
-    "test_listwise.py": 95,
-    "test_baselines.py": 65,
-    "test_sweep_spec.py": 35,
-    "test_cluster_files.py": 25,
-    "test_dashboards.py": 22,
-    "test_llm_eval_form.py": 19,
+    "test_sweep_e2e.py": 240,
+    "test_llm_sweep.py": 185,  # 2 Ray Train trial starts (a worker killed, the trial retried)
+    "test_multinode.py": 180,
+    "test_algorithm.py": 165,
+    "test_tracking.py": 95,
+    "test_listwise.py": 50,
+    "test_report.py": 50,
+    "test_cli.py": 30,
+    "test_llm_train.py": 30,
+    "test_baselines.py": 25,
+    "test_report_llm.py": 17,
+    "test_dashboards.py": 13,
+    "test_sweep_spec.py": 10,
+    "test_cluster_files.py": 10,
+    "test_devices.py": 8,
+    "test_llm_eval_form.py": 7,
 }
 
 
