@@ -58,7 +58,7 @@ def tiny_lm():
 # runs after these, in file order, so a new slow module needs its line here.
 MODULE_SECONDS = {
     "test_sweep_e2e.py": 240,
-    "test_llm_sweep.py": 185,  # 2 Ray Train trial starts (a worker killed, the trial retried)
+    "test_llm_sweep.py": 215,  # 2 Ray Train trial starts (a worker killed, the trial retried)
     "test_multinode.py": 180,
     "test_algorithm.py": 165,
     "test_tracking.py": 95,

@@ -5,9 +5,9 @@ trials of Ray Train ``TorchTrainer`` workers.
   own process) against a real ``mlflow server``: one parent, one child per trial with its
   algorithm and model tags, every update's metrics once, generations.jsonl at the run's root
   and the final checkpoint;
-- a trial on 2 Ray Train CPU workers (gloo), one of them killed mid-run and the trial resumed
-  from its Ray Train checkpoint, ends with the weights of the same trial trained in the
-  trial's own process, each update in MLflow once, its checkpoint and generations logged;
+- a trial killed mid-run and resumed from its checkpoint, on 2 Ray Train CPU workers (gloo)
+  and in its own process, ends with the weights of one process trained uninterrupted, each
+  update in MLflow once, its checkpoint and generations logged;
 - spec errors name the key.
 """
 
@@ -138,9 +138,9 @@ def test_report_of_the_smoke_sweep(smoke, tmp_path):
     assert "llm_smoke" in (tmp_path / "report" / "index.html").read_text()
 
 
-def _train_workers_of_this_ray() -> list[int]:
-    """PIDs of the Ray Train workers of this test's Ray (children of its raylet, whose command
-    line names this worker's Ray folder), not of any other Ray on the machine."""
+def _processes_of_this_ray(title: str) -> list[int]:
+    """PIDs of this test's Ray's workers (children of its raylet, whose command line names this
+    worker's Ray folder) whose process title holds ``title``, not of any other Ray on the machine."""
     import psutil
 
     from conftest import ray_temp_dir
@@ -148,7 +148,7 @@ def _train_workers_of_this_ray() -> list[int]:
     pids = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "RayTrainWorker" in " ".join(proc.info["cmdline"] or []) and \
+            if title in " ".join(proc.info["cmdline"] or []) and \
                     ray_temp_dir() in " ".join(proc.parent().cmdline()):
                 pids.append(proc.pid)
         except (psutil.Error, AttributeError):  # gone meanwhile, or no parent
@@ -156,23 +156,23 @@ def _train_workers_of_this_ray() -> list[int]:
     return pids
 
 
-class KillWorkerAt:
-    """Kills the trial's Ray Train worker (SIGKILL) once it has checkpointed update ``at``."""
+class KillAt:
+    """Kills the processes that train the trial (SIGKILL) once it has checkpointed update ``at``."""
 
-    def __init__(self, results: Path, at: int):
-        self.results, self.at, self.killed = results, at, False
+    def __init__(self, results: Path, at: int, title: str):
+        self.results, self.at, self.title, self.killed = results, at, title, False
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not self.killed:
-            for state in self.results.rglob("train/checkpoint_*/state.pt"):
+            for state in self.results.rglob("checkpoint_*/state.pt"):
                 try:
                     update = torch.load(state, weights_only=True)["update"]
                 except Exception:  # still being written
                     continue
                 if update >= self.at:
-                    for pid in _train_workers_of_this_ray():
+                    for pid in _processes_of_this_ray(self.title):
                         os.kill(pid, signal.SIGKILL)
                         self.killed = True
                     break
@@ -180,14 +180,18 @@ class KillWorkerAt:
 
 
 UPDATES = 8  # the kill lands after the update-2 checkpoint; a tiny update takes a fraction of a second
+# What trains a trial: its Ray Train workers, or (num_workers: 0) Tune's trial actor itself.
+TRAINS = {2: "RayTrainWorker", 0: "ImplicitFunc"}
 
 
-def test_two_workers_killed_midway_train_what_one_process_trains(ray_session, tmp_path, monkeypatch):
-    """Whole prompt groups per worker and gradients summed: 2 Ray Train workers train what one
-    process does uninterrupted on the same prompts (an LLMRun here), even when a worker is
-    killed after its update-2 checkpoint and Tune retries the trial from that checkpoint;
-    MLflow gets every update once and the final checkpoint with the generations at the run's
-    root. (The trial's own process, num_workers: 0, is the smoke sweep's.)
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ray_session, tmp_path, monkeypatch):
+    """Killed after its update-2 checkpoint and retried by Tune from it, a trial ends with the
+    weights and losses of one process trained uninterrupted on the same prompts (an LLMRun
+    here), and MLflow gets every update once and the final checkpoint with the generations at
+    the run's root: on 2 Ray Train workers (a worker killed; whole prompt groups per worker,
+    gradients summed, Train's checkpoint) and in the trial's own process (num_workers: 0; the
+    trial actor killed, Tune's checkpoint).
 
     The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
     texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
@@ -195,26 +199,27 @@ def test_two_workers_killed_midway_train_what_one_process_trains(ray_session, tm
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    spec = smoke_spec(name="workers2", llm={"num_workers": 2, "cpus_per_worker": 0.5}, search_space={},
+    name = f"workers{workers}"
+    spec = smoke_spec(name=name, llm={"num_workers": workers, "cpus_per_worker": 0.5}, search_space={},
                       algorithm="HAEPO", max_failures=1, checkpoint_frequency=1,
                       settings={"rl_updates": UPDATES, "sft_examples": 4, "dtype": "float64",
                                 "reward_weights": [0.5, 0.0, 0.5]})
-    plan = parse_plan(spec, "workers2.yaml")
-    killer = KillWorkerAt(tmp_path / "results" / "workers2", at=2)
+    plan = parse_plan(spec, f"{name}.yaml")
+    killer = KillAt(tmp_path / "results" / name, at=2, title=TRAINS[workers])
     killer.thread.start()
     result = run_sweep(plan, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
     (trial,) = result.trials
     assert (trial.status, trial.iterations) == ("TERMINATED", UPDATES)
-    assert killer.killed, "the worker was not killed"
+    assert killer.killed, f"no {TRAINS[workers]} was killed"
     assert trial.num_failures == 1
-    _, (child,) = find_sweep_runs(uri, "workers2", result.parent_run_id)
+    _, (child,) = find_sweep_runs(uri, name, result.parent_run_id)
     assert child.info.status == "FINISHED"
     for key in UPDATE_METRICS:
         assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, UPDATES + 1)), key
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(child.info.run_id)}
     assert {"generations.jsonl", "checkpoint"} <= artifacts, artifacts
     checkpoint = Path(mlflow.artifacts.download_artifacts(run_id=child.info.run_id, artifact_path="checkpoint",
-                                                          tracking_uri=uri, dst_path=str(tmp_path / "workers2")))
+                                                          tracking_uri=uri, dst_path=str(tmp_path / name)))
     two = torch.load(checkpoint / "state.pt", weights_only=True)["model"]
     two_rows = [json.loads(line) for line in (checkpoint / "metrics.jsonl").read_text().splitlines()]
 
