@@ -21,7 +21,7 @@ SPECS = sorted((REPO / "tune_configs").rglob("*.yaml"))
 
 # Trials each spec must plan (the paper's grids).
 EXPECTED_TRIALS = {
-    "smoke": 4, "cartpole_pbt": 8, "cartpole_search": 30,
+    "smoke": 4, "cartpole_pbt": 8, "cartpole_search": 20,
     **{f"bandit_k{k}_{a}": 45 for k in (10, 20, 30) for a in ("haepo", "ppo", "dpo")},
     **{f"random_walk_n{n}_{a}": 5 for n in (10, 20) for a in ("haepo", "ppo", "dpo")},
     "cartpole_haepo": 5, "cartpole_haepo_noreg": 5, "cartpole_ppo": 5,
