@@ -13,6 +13,8 @@ Set-ups (``--algos``):
 
 - ``HAEPO`` (paper, CartPole section): MLP obs -> 128 -> 2 with ReLU, lr 1e-2, gamma 0.99,
   M = 8 episodes per update, beta_ent = beta_kl = 0.1, grad-norm clip 0.5.
+- ``HAEPO-searched``: the same network, with the best settings that
+  ``haepo sweep tune_configs/cartpole_search.yaml`` found (:data:`HAEPO_SEARCHED`).
 - ``PPO-tuned``: RL Zoo3's tuned CartPole-v1 hyper-parameters (:data:`PPO_ZOO`; 8 envs of
   32 steps per batch, its own number of envs whatever ``--num-envs-per-env-runner`` says),
   with Stable-Baselines3's PPO defaults where RLlib's differ, since the Zoo's values are
@@ -86,6 +88,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 HAEPO_PAPER = {"episodes_per_batch": 8, "lr": 1e-2, "beta_ent": 0.1, "beta_kl": 0.1, "grad_clip": 0.5, "gamma": 0.99}
 
+# The best trial of `haepo sweep tune_configs/cartpole_search.yaml`, 2026-11-23 (BENCHMARKS.md).
+HAEPO_SEARCHED = {
+    **HAEPO_PAPER,
+    "lr": 0.01467,
+    "beta_ent": 0.07772,
+    "beta_kl": 0.05104,
+    "reward_normalization": "zscore",
+    "num_epochs": 1,
+    "reference_policy": "initial",
+}
+
 # RL Zoo3, hyperparams/ppo.yml, CartPole-v1: n_envs 8, n_steps 32, batch_size 256, n_epochs
 # 20, gae_lambda 0.8, gamma 0.98, learning_rate and clip_range 1e-3 and 0.2 (the Zoo decays
 # both linearly over its 1e5 steps; constant here), ent_coef 0, SB3's MlpPolicy (separate
@@ -154,6 +167,7 @@ def ppo_tuned_config(seed: int, args: argparse.Namespace):
 
 CONFIGS: dict[str, Callable] = {
     "HAEPO": haepo_config,
+    "HAEPO-searched": functools.partial(haepo_config, training=HAEPO_SEARCHED),
     "PPO-tuned": ppo_tuned_config,
     "PPO-default": ppo_default_config,
 }
