@@ -1,8 +1,8 @@
 """CartPole-v1: HAEPO against RLlib's PPO, tuned and with its defaults, side by side.
 
 For every seed, each set-up of ``--algos`` in turn (interleaved by seed, so drift in the
-machine's load hits all), each until the mean return of the last 100 episodes reaches ``--target`` or the
-wall-clock budget of the run ends. Per run: time to solve (training time only; the
+machine's load hits all), each until the mean return of the last 100 episodes reaches
+``--target`` or the wall-clock budget of the run ends. Per run: time to solve (training time only; the
 algorithm's build time is measured and reported apart), env steps to solve, env steps/s,
 learner updates (gradient steps)/s, and where the time goes (sampling vs learner update).
 
@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-envs-per-env-runner", type=int, default=1,
                    help="same for every set-up but PPO-tuned (RL Zoo's 8)")
     p.add_argument("--haepo-envs-per-env-runner", type=int, default=None,
-                   help="the HAEPO set-ups only (their lean sampler batches the forward pass over their envs); "
-                        "default: --num-envs-per-env-runner")
+                   help="the HAEPO set-ups only (their lean sampler batches the forward pass over "
+                        "their envs); default: --num-envs-per-env-runner")
     p.add_argument(
         "--torch-threads",
         type=int,
@@ -86,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- configs
 
 
-HAEPO_PAPER = {"episodes_per_batch": 8, "lr": 1e-2, "beta_ent": 0.1, "beta_kl": 0.1, "grad_clip": 0.5, "gamma": 0.99}
+HAEPO_PAPER = {
+    "episodes_per_batch": 8, "lr": 1e-2, "beta_ent": 0.1, "beta_kl": 0.1, "grad_clip": 0.5, "gamma": 0.99,
+}
 
 # The best trial of `haepo sweep tune_configs/cartpole_search.yaml`, 2026-11-23 (BENCHMARKS.md).
 HAEPO_SEARCHED = {
