@@ -1,26 +1,37 @@
-"""CartPole-v1: HAEPO (the paper's setup) against RLlib's PPO (its defaults), side by side.
+"""CartPole-v1: HAEPO against RLlib's PPO, tuned and with its defaults, side by side.
 
-For every seed, HAEPO then PPO (interleaved by seed, so drift in the machine's load hits
-both), each until the mean return of the last 100 episodes reaches ``--target`` or the
-wall-clock budget of the run ends. Per run: time to solve (training time only; the
+For every seed, each set-up of ``--algos`` in turn (interleaved by seed, so drift in the
+machine's load hits all), each until the mean return of the last 100 episodes reaches
+``--target`` or the wall-clock budget of the run ends. Per run: time to solve (training time only; the
 algorithm's build time is measured and reported apart), env steps to solve, env steps/s,
 learner updates (gradient steps)/s, and where the time goes (sampling vs learner update).
 
     python bench/cartpole_vs_ppo.py                                  # full: seeds 0-4, 200 s
     python bench/cartpole_vs_ppo.py --seeds 0 --budget-s 30          # quick check
 
-HAEPO (paper, CartPole section): MLP obs -> 128 -> 2 with ReLU, lr 1e-2, gamma 0.99,
-M = 8 episodes per update, beta_ent = beta_kl = 0.1, grad-norm clip 0.5.
-PPO: ``PPOConfig()`` defaults (lr 5e-5, 4000 steps per batch, 30 epochs of minibatches
-of 128, [256, 256] tanh MLP, ...). The env-runner setting (``--num-env-runners``,
-``--num-envs-per-env-runner``) is the same for both, unless ``--haepo-envs-per-env-runner``
-gives HAEPO its own number of envs per runner.
+Set-ups (``--algos``):
+
+- ``HAEPO`` (paper, CartPole section): MLP obs -> 128 -> 2 with ReLU, lr 1e-2, gamma 0.99,
+  M = 8 episodes per update, beta_ent = beta_kl = 0.1, grad-norm clip 0.5.
+- ``HAEPO-searched``: the same network, with the best settings that
+  ``haepo sweep tune_configs/cartpole_search.yaml`` found (:data:`HAEPO_SEARCHED`).
+- ``PPO-tuned``: RL Zoo3's tuned CartPole-v1 hyper-parameters (:data:`PPO_ZOO`; 8 envs of
+  32 steps per batch, its own number of envs whatever ``--num-envs-per-env-runner`` says),
+  with Stable-Baselines3's PPO defaults where RLlib's differ, since the Zoo's values are
+  tuned on top of those.
+- ``PPO-default``: ``PPOConfig()`` defaults (lr 5e-5, 4000 steps per batch, 30 epochs of
+  minibatches of 128, [256, 256] tanh MLP, ...).
+
+The env-runner setting (``--num-env-runners``, ``--num-envs-per-env-runner``) is the same
+for all but ``PPO-tuned``, unless ``--haepo-envs-per-env-runner`` gives the HAEPO set-ups
+their own number of envs per runner (8 makes them sample like ``PPO-tuned``). Each HAEPO
+set-up is compared with each PPO set-up (ratios of the medians).
 
 Measurements, per iteration: ``time.perf_counter`` since the start of training,
 ``env_runners/num_env_steps_sampled_lifetime``, ``env_runners/episode_return_mean``
 (RLlib 2.60's mean over the last iteration's episodes) and from it the mean of the last
 ``--window`` (100) episodes, the solved criterion; the learner's gradient steps (counted by
-wrapping the local learner's ``apply_gradients``, so the same for both algorithms), the
+wrapping the local learner's ``apply_gradients``, so the same for every set-up), the
 time spent in sampling and in ``learner_group.update`` (wrapped, exact), RLlib's own
 ``timers`` (smoothed), and the 1-minute load average.
 """
@@ -49,20 +60,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=200.0, help="wall-clock training budget per run")
     p.add_argument("--target", type=float, default=475.0, help="mean return of the last --window episodes")
     p.add_argument("--window", type=int, default=100, help="episodes in the solved criterion's mean")
-    p.add_argument("--algos", nargs="+", default=["HAEPO", "PPO"], choices=["HAEPO", "PPO"])
+    p.add_argument("--algos", nargs="+", default=["HAEPO", "PPO-default"], choices=list(CONFIGS))
     p.add_argument("--out", default="bench/results/cartpole_vs_ppo.json")
     p.add_argument("--num-cpus", type=int, default=2)
-    p.add_argument("--num-env-runners", type=int, default=0, help="same for both algorithms")
-    p.add_argument("--num-envs-per-env-runner", type=int, default=1, help="same for both algorithms")
+    p.add_argument("--num-env-runners", type=int, default=0, help="same for every set-up")
+    p.add_argument("--num-envs-per-env-runner", type=int, default=1,
+                   help="same for every set-up but PPO-tuned (RL Zoo's 8)")
     p.add_argument("--haepo-envs-per-env-runner", type=int, default=None,
-                   help="HAEPO only (its lean sampler batches the forward pass over its envs); "
-                        "default: --num-envs-per-env-runner")
+                   help="the HAEPO set-ups only (their lean sampler batches the forward pass over "
+                        "their envs); default: --num-envs-per-env-runner")
     p.add_argument(
         "--torch-threads",
         type=int,
         default=1,
-        help="torch intra-op threads in this process (local env runner and learner of both "
-        "algorithms); on a shared 2-core machine 2 threads made PPO's minibatch updates up to "
+        help="torch intra-op threads in this process (local env runner and learner of every "
+        "set-up); on a shared 2-core machine 2 threads made PPO's minibatch updates up to "
         "20x slower (spinning OpenMP threads under load); 0 keeps torch's default",
     )
     p.add_argument(
@@ -74,20 +86,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- configs
 
 
-def haepo_config(seed: int, args: argparse.Namespace):
+HAEPO_PAPER = {
+    "episodes_per_batch": 8, "lr": 1e-2, "beta_ent": 0.1, "beta_kl": 0.1, "grad_clip": 0.5, "gamma": 0.99,
+}
+
+# The best trial of `haepo sweep tune_configs/cartpole_search.yaml`, 2026-11-23 (BENCHMARKS.md).
+HAEPO_SEARCHED = {
+    **HAEPO_PAPER,
+    "lr": 0.01467,
+    "beta_ent": 0.07772,
+    "beta_kl": 0.05104,
+    "reward_normalization": "zscore",
+    "num_epochs": 1,
+    "reference_policy": "initial",
+}
+
+# RL Zoo3, hyperparams/ppo.yml, CartPole-v1: n_envs 8, n_steps 32, batch_size 256, n_epochs
+# 20, gae_lambda 0.8, gamma 0.98, learning_rate and clip_range 1e-3 and 0.2 (the Zoo decays
+# both linearly over its 1e5 steps; constant here), ent_coef 0, SB3's MlpPolicy (separate
+# 64x64 tanh policy and value nets). SB3 defaults where RLlib's differ: no KL penalty, value
+# loss weight 0.5, grad-norm clip 0.5, no value-loss clip (RLlib clips it at 10).
+ZOO_ENVS = 8
+PPO_ZOO = {
+    "train_batch_size_per_learner": ZOO_ENVS * 32,
+    "minibatch_size": 256,
+    "num_epochs": 20,
+    "lambda_": 0.8,
+    "gamma": 0.98,
+    "lr": 1e-3,
+    "clip_param": 0.2,
+    "entropy_coeff": 0.0,
+    "use_kl_loss": False,
+    "vf_loss_coeff": 0.5,
+    "grad_clip": 0.5,
+    "vf_clip_param": float("inf"),
+}
+
+
+def haepo_config(seed: int, args: argparse.Namespace, training: dict = HAEPO_PAPER):
     from haepo_ray.algorithm import HAEPOConfig
 
     return (
         HAEPOConfig()
         .environment(ENV)
-        .training(
-            episodes_per_batch=8,
-            lr=1e-2,
-            beta_ent=0.1,
-            beta_kl=0.1,
-            grad_clip=0.5,
-            gamma=0.99,
-        )
+        .training(**training)
         .rl_module(model_config={"fcnet_hiddens": [128], "fcnet_activation": args.haepo_activation})
         .env_runners(
             num_env_runners=args.num_env_runners,
@@ -97,7 +139,7 @@ def haepo_config(seed: int, args: argparse.Namespace):
     )
 
 
-def ppo_config(seed: int, args: argparse.Namespace):
+def ppo_default_config(seed: int, args: argparse.Namespace):
     from ray.rllib.algorithms.ppo import PPOConfig
 
     return (
@@ -111,7 +153,26 @@ def ppo_config(seed: int, args: argparse.Namespace):
     )
 
 
-CONFIGS: dict[str, Callable] = {"HAEPO": haepo_config, "PPO": ppo_config}
+def ppo_tuned_config(seed: int, args: argparse.Namespace):
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    return (
+        PPOConfig()
+        .environment(ENV)
+        .training(**PPO_ZOO)
+        .rl_module(model_config={"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh",
+                                 "vf_share_layers": False})
+        .env_runners(num_env_runners=args.num_env_runners, num_envs_per_env_runner=ZOO_ENVS)
+        .debugging(seed=seed)
+    )
+
+
+CONFIGS: dict[str, Callable] = {
+    "HAEPO": haepo_config,
+    "HAEPO-searched": functools.partial(haepo_config, training=HAEPO_SEARCHED),
+    "PPO-tuned": ppo_tuned_config,
+    "PPO-default": ppo_default_config,
+}
 
 
 # ----------------------------------------------------------------------------- instrumentation
@@ -291,7 +352,7 @@ def median(xs: list) -> float | None:
 
 def summarize(runs: list[dict], budget_s: float) -> dict[str, dict]:
     out: dict[str, dict] = {}
-    for algo in sorted({r["algo"] for r in runs}, key=["HAEPO", "PPO"].index):
+    for algo in sorted({r["algo"] for r in runs}, key=list(CONFIGS).index):
         rs = [r for r in runs if r["algo"] == algo]
         out[algo] = {
             "runs": len(rs),
@@ -312,10 +373,9 @@ def summarize(runs: list[dict], budget_s: float) -> dict[str, dict]:
             "median_timer_learner_update_s": median([r["timer_learner_update_last_s"] for r in rs]),
             "median_load1": median([r["load1_mean"] for r in rs]),
         }
-    if "HAEPO" in out and "PPO" in out:
-        h, p = out["HAEPO"], out["PPO"]
-        out["HAEPO/PPO"] = {
-            k: (h[k] / p[k] if h[k] is not None and p[k] else None)
+    for h, p in pairs(out):
+        out[f"{h}/{p}"] = {
+            k: (out[h][k] / out[p][k] if out[h][k] is not None and out[p][k] else None)
             for k in (
                 "median_time_to_solve_s",
                 "median_env_steps_to_solve",
@@ -325,6 +385,12 @@ def summarize(runs: list[dict], budget_s: float) -> dict[str, dict]:
             )
         }
     return out
+
+
+def pairs(setups) -> list[tuple[str, str]]:
+    """(HAEPO set-up, PPO set-up) for each pair among ``setups``, in CONFIGS order."""
+    names = [a for a in CONFIGS if a in setups]
+    return [(h, p) for h in names if h.startswith("HAEPO") for p in names if p.startswith("PPO")]
 
 
 def fmt(x: Any, spec: str = ".0f") -> str:
@@ -347,9 +413,8 @@ def print_table(runs: list[dict], summary: dict, args: argparse.Namespace) -> st
         "| algo | solved | time to solve (s) | env steps to solve | env steps/s | sampling-only steps/s | learner updates/s | build (s) | time in sampling / learner | load (1-min avg) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for algo in ("HAEPO", "PPO"):
-        if algo not in summary:
-            continue
+    setups = [a for a in CONFIGS if a in summary]
+    for algo in setups:
         s = summary[algo]
         lines.append(
             f"| {algo} | {s['solved']}/{s['runs']} | {fmt(s['median_time_to_solve_s'], '.1f')} "
@@ -358,38 +423,40 @@ def print_table(runs: list[dict], summary: dict, args: argparse.Namespace) -> st
             f"| {fmt(s['median_build_s'], '.1f')} | {fmt(100 * s['sample_share'], '.0f')}% / "
             f"{fmt(100 * s['learner_share'], '.0f')}% | {fmt(s['median_load1'], '.1f')} |"
         )
-    if "HAEPO/PPO" in summary:
-        q = summary["HAEPO/PPO"]
+    targets = []
+    for h_name, p_name in pairs(setups):
+        q = summary[f"{h_name}/{p_name}"]
         lines.append(
-            f"| HAEPO/PPO | | {fmt(q['median_time_to_solve_s'], '.2f')} | {fmt(q['median_env_steps_to_solve'], '.3f')} "
+            f"| {h_name}/{p_name} | | {fmt(q['median_time_to_solve_s'], '.2f')} | {fmt(q['median_env_steps_to_solve'], '.3f')} "
             f"| {fmt(q['median_env_steps_per_s'], '.2f')} | | {fmt(q['median_learner_updates_per_s'], '.3f')} "
             f"| {fmt(q['median_build_s'], '.2f')} | | |"
         )
         ratio = q["median_time_to_solve_s"]
         if ratio is not None:
             met = ratio <= 0.5
-            h, p = summary["HAEPO"], summary["PPO"]
+            h, p = summary[h_name], summary[p_name]
             h_cens = h["solved"] * 2 <= h["runs"]  # median itself is a censored (budget) value
             p_cens = p["solved"] * 2 <= p["runs"]
             caveat = ""
             if p_cens and h_cens:
                 caveat = " -- both medians are censored at the budget: the ratio says nothing"
             elif p_cens:
-                caveat = " -- PPO's median is censored at the budget: the true ratio is lower (an upper bound)"
+                caveat = f" -- {p_name}'s median is censored at the budget: the true ratio is lower (an upper bound)"
             elif h_cens:
-                caveat = " -- HAEPO's median is censored at the budget: the true ratio is higher (a lower bound)"
-            lines.append(
-                f"\ntarget HAEPO time-to-solve <= 0.5 x PPO's: {'MET' if met else 'NOT MET'} "
+                caveat = f" -- {h_name}'s median is censored at the budget: the true ratio is higher (a lower bound)"
+            targets.append(
+                f"target {h_name} time-to-solve <= 0.5 x {p_name}'s: {'MET' if met else 'NOT MET'} "
                 f"(ratio {ratio:.2f}){caveat}"
             )
-    for algo in ("HAEPO", "PPO"):
-        if algo in summary:
-            s = summary[algo]
-            lines.append(
-                f"RLlib timers ({algo}, smoothed, per iteration, last value, median over runs): "
-                f"env_runner_sampling_timer {fmt(s['median_timer_sampling_s'], '.3f')} s, "
-                f"learner_update_timer {fmt(s['median_timer_learner_update_s'], '.3f')} s"
-            )
+    if targets:
+        lines += ["", *targets]
+    for algo in setups:
+        s = summary[algo]
+        lines.append(
+            f"RLlib timers ({algo}, smoothed, per iteration, last value, median over runs): "
+            f"env_runner_sampling_timer {fmt(s['median_timer_sampling_s'], '.3f')} s, "
+            f"learner_update_timer {fmt(s['median_timer_learner_update_s'], '.3f')} s"
+        )
     text = "\n".join(lines)
     print(text, flush=True)
     return text
