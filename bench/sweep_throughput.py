@@ -5,6 +5,15 @@ and the time of the paper's full HAEPO bandit grid. Results: BENCHMARKS.md.
     python bench/sweep_throughput.py tiny             # 16 tiny bandit trials, 3 set-ups
     python bench/sweep_throughput.py paper-bandit     # tune_configs/paper/bandit_k{10,20,30}_haepo.yaml
     python bench/sweep_throughput.py all              # the three, in this order
+    python bench/sweep_throughput.py iterations --code ../base .   # A/B: training iterations
+
+``iterations`` times training iterations of one paper bandit trial (K = 10, lr 1e-3, seed 0,
+M = 8 and 32: 32 and 8 HAEPO updates per iteration) with the haepo_ray of each ``--code``
+folder (a checkout, e.g. a ``git worktree`` of main), one fresh process per measurement,
+the folders taking turns, and gives each folder's medians as ratios to the first one's.
+Each process runs torch on one thread, as a Tune trial with ``cpus: 1`` does (Ray sets
+OMP_NUM_THREADS=1 there), and reports wall time and the CPU time of its main thread (which
+runs the whole iteration; steadier than wall time on a shared machine).
 
 Every run uses one embedded Ray with ``--num-cpus`` CPUs (default 2), started once and not
 counted. A trial's *overhead* is its share of the sweep's wall time minus the time it spent
@@ -92,6 +101,68 @@ def bench_parts(repeats: int = 3) -> dict:
         "save_checkpoint_s": med(saves),
         "stop_algo_s": med(stops),
     }
+
+
+# --------------------------------------------------------------------------- iterations
+
+
+def iterations_child(batch_size: int, iterations: int) -> dict:
+    """Times ``iterations`` training iterations of one bandit_k10_haepo trial (in this process,
+    with the haepo_ray on PYTHONPATH)."""
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    from haepo_ray.envs import register_with_ray
+    from haepo_ray.sweep.plan import load_plan
+
+    register_with_ray()
+    plan = load_plan(Path.cwd() / "tune_configs" / "paper" / "bandit_k10_haepo.yaml")
+    algo = plan.trial_config({"lr": 1e-3, "batch_size": batch_size, "seed": 0}).build_algo()
+    algo.train()  # warm-up
+    walls, cpus = [], []
+    for _ in range(iterations):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        result = algo.train()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.thread_time() - cpu)
+    updates = result["learners"]["__all_modules__"]["num_env_steps_trained"] / batch_size
+    algo.stop()
+    ray.shutdown()
+    med = statistics.median
+    return {"wall_s": med(walls), "cpu_s": med(cpus), "updates_per_iteration": updates}
+
+
+def bench_iterations(code: list[str], batch_sizes: list[int], repeats: int, iterations: int) -> dict:
+    """The folders in turn, ``repeats`` times; medians and ratios to ``code[0]``."""
+    runs: dict = {(c, m): [] for c in code for m in batch_sizes}
+    for r in range(repeats):
+        for m in batch_sizes:
+            for c in code:
+                env = {**os.environ, "PYTHONPATH": str(Path(c).resolve())}
+                out = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "iterations-child",
+                     "--batch-size", str(m), "--iterations", str(iterations)],
+                    cwd=c, env=env, check=True, capture_output=True, text=True,
+                ).stdout
+                row = {**json.loads(out.strip().splitlines()[-1]), "load": load()}
+                runs[(c, m)].append(row)
+                print(json.dumps({"repeat": r, "code": c, "batch_size": m, **row}), flush=True)
+    table = []
+    for m in batch_sizes:
+        base = {k: statistics.median(x[k] for x in runs[(code[0], m)]) for k in ("wall_s", "cpu_s")}
+        for c in code:
+            rows = runs[(c, m)]
+            wall = statistics.median(x["wall_s"] for x in rows)
+            cpu = statistics.median(x["cpu_s"] for x in rows)
+            n = rows[0]["updates_per_iteration"]
+            table.append({"code": c, "batch_size": m, "updates_per_iteration": n,
+                          "iteration_wall_s": wall, "iteration_cpu_s": cpu,
+                          "update_wall_ms": 1e3 * wall / n, "update_cpu_ms": 1e3 * cpu / n,
+                          "wall_ratio": wall / base["wall_s"], "cpu_ratio": cpu / base["cpu_s"]})
+            print(json.dumps(table[-1]), flush=True)
+    return {"runs": {f"{c} M={m}": rows for (c, m), rows in runs.items()}, "table": table}
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -235,13 +306,34 @@ def bench_paper_bandit(root: Path, slots: int, ks: list[int], track: bool = True
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["parts", "tiny", "paper-bandit", "all"])
+    parser.add_argument("what", choices=["parts", "tiny", "paper-bandit", "all", "iterations",
+                                         "iterations-child"])
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--ks", type=int, nargs="+", default=[10, 20, 30])
     parser.add_argument("--no-mlflow", action="store_true", help="paper-bandit without MLflow")
-    parser.add_argument("--out", default=str(REPO / ".haepo" / "bench" / "sweep_throughput.json"))
+    parser.add_argument("--code", nargs="+", default=[str(REPO)],
+                        help="iterations: checkouts to compare, the first is the baseline")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--batch-size", type=int, default=8, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None,
+                        help="JSON results (default .haepo/bench/sweep_throughput[_iterations].json)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.what == "iterations-child":
+        print(json.dumps(iterations_child(args.batch_size, args.iterations)))
+        return 0
+    out = Path(args.out or REPO / ".haepo" / "bench" / (
+        "sweep_throughput_iterations.json" if args.what == "iterations" else "sweep_throughput.json"))
+    if args.what == "iterations":
+        report = {"load_before": load(),
+                  **bench_iterations(args.code, args.batch_sizes, args.repeats, args.iterations),
+                  "load_after": load()}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        print(f"results: {out}")
+        return 0
 
     import ray
 
@@ -264,7 +356,6 @@ def main(argv=None) -> int:
             report["paper_bandit"] = bench_paper_bandit(root, args.num_cpus, args.ks, not args.no_mlflow)
     report["load_after"] = load()
     ray.shutdown()
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"results: {out}")

@@ -344,6 +344,44 @@ def test_nan_reward_is_a_clear_error(ray_session):
         algo.stop()
 
 
+@pytest.mark.parametrize("num_env_runners", [0, 2])
+def test_env_runners_sample_with_the_learners_weights_after_every_update(
+    ray_session, monkeypatch, num_env_runners
+):
+    """The lone local runner gets the weights directly (no ray.put); remote runners through
+    EnvRunnerGroup.sync_weights. Either way with the learner's weights_seq_no."""
+    import ray
+
+    config = (
+        HAEPOConfig().environment(BANDIT, env_config={"num_arms": 5})
+        .env_runners(num_env_runners=num_env_runners)
+        .reporting(min_sample_timesteps_per_iteration=30)  # one-step episodes: 4 updates
+        .debugging(seed=0)
+    )
+    algo = config.build_algo()
+    if num_env_runners == 0:
+        def no_put(*args, **kwargs):
+            raise AssertionError("ray.put with no remote env runner")
+
+        monkeypatch.setattr(ray, "put", no_put)
+    try:
+        for _ in range(2):
+            result = algo.train()
+        learner = algo.learner_group.get_state(components="learner/rl_module", inference_only=True)["learner"]
+        runner = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.get_state(components="rl_module"), local_env_runner=num_env_runners == 0
+        )[0]
+    finally:
+        monkeypatch.undo()
+        algo.stop()
+    assert result["num_training_step_calls_per_iteration"] > 1
+    assert runner["weights_seq_no"] == learner["weights_seq_no"] > 2
+    weights = learner["rl_module"]["default_policy"]
+    assert runner["rl_module"].keys() == weights.keys()
+    for name, value in weights.items():
+        np.testing.assert_array_equal(runner["rl_module"][name], value, err_msg=name)
+
+
 # --- Learning ------------------------------------------------------------------------------
 
 
