@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import configparser
 import copy
 import functools
 import json
