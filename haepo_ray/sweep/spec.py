@@ -330,8 +330,8 @@ class SweepSpec(_Model):
             raise ValueError("a language-model sweep takes algorithm (HAEPO, GRPO or DPO) or "
                              "search_space.algorithm (e.g. {grid: [HAEPO, GRPO, DPO]}), exactly one")
         if isinstance(self.scheduler, PBTScheduler):
-            raise ValueError("scheduler pbt needs Tune checkpoints to exploit; language-model trials "
-                             "checkpoint through Ray Train: use fifo or asha")
+            raise ValueError("scheduler pbt restores one trial from another's checkpoint, which "
+                             "language-model trials do not support: use fifo or asha")
         if self.stop is not None and (self.stop.env_steps is not None or self.stop.episode_return_mean is not None):
             raise ValueError("stop: a language-model sweep stops on iterations (RL updates) or seconds")
         if not self.checkpoint_at_end:
