@@ -40,13 +40,14 @@ class LLMTrainSettings:
     lr: float = 5e-5
     sft_lr: float = 5e-5
     sft_batch: int = 4
-    beta_ent: float = 1e-2
-    beta_kl: float = 1e-2
-    normalization: str = "zscore"
-    length_normalize: bool = False
-    weight_temperature: float = 1.0
-    clip_param: float = 0.2
-    dpo_beta: float = 0.1
+    # The loss's settings, flat so that a spec can search them; their defaults are the loss's.
+    beta_ent: float = ObjectiveSettings.beta_ent
+    beta_kl: float = ObjectiveSettings.beta_kl
+    normalization: str = ObjectiveSettings.normalization
+    length_normalize: bool = ObjectiveSettings.length_normalize
+    weight_temperature: float = ObjectiveSettings.weight_temperature
+    clip_param: float = ObjectiveSettings.clip_param
+    dpo_beta: float = ObjectiveSettings.dpo_beta
     max_new_tokens: int = 48
     min_new_tokens: int = 1
     temperature: float = 1.0
