@@ -272,28 +272,38 @@ def _child_metric_rows(db: Path, experiment: str) -> int:
 
 
 class KillServerMidSweep(tune.Callback):
-    """Kills the tracking server (SIGKILL, by process group) at the first trial result after
+    """Kills the tracking server (SIGKILL, by process group) at the first trial result, once
     the server has stored metrics of a child run: mid-sweep, while trials are running, and
     after the sweep's client holds that child's run id (it logs metrics only then; a kill
-    right after the server stored a run could lose the reply that creates it)."""
+    right after the server stored a run could lose the reply that creates it).
+
+    Tune calls callbacks after the tracking callback has queued the result, on the thread that
+    starts the trials' next iterations, so waiting here holds the sweep (without using CPU)
+    until the tracking thread has written to the server."""
 
     def __init__(self, pid: int, db: Path, experiment: str):
         self.pid, self.db, self.experiment, self.killed_at = pid, db, experiment, None
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if self.killed_at is None and _child_metric_rows(self.db, self.experiment) >= 1:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.killed_at = result["training_iteration"]
+        if self.killed_at is not None:
+            return
+        deadline = time.monotonic() + 60
+        while _child_metric_rows(self.db, self.experiment) < 1:
+            assert time.monotonic() < deadline, "the server stored no metrics of a trial in 60 s"
+            time.sleep(0.1)
+        os.killpg(self.pid, signal.SIGKILL)
+        self.killed_at = result["training_iteration"]
+
+
+ITERATIONS = 8  # the kill lands at the first result; the trials then go on without the server
 
 
 def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     data = yaml.safe_load(SMOKE.read_text())
     data.update(name="doomed", search_space={"seed": {"grid": [0, 1]}})
-    # 30 iterations of >= 0.5 s: time for the server to store a child run (the kill's
-    # trigger) before the trials end, also on a loaded machine.
-    data["stop"] = {"iterations": 30}
-    data["settings"].update(lr=0.05, min_time_s_per_iteration=0.5)
+    data["stop"] = {"iterations": ITERATIONS}
+    data["settings"].update(lr=0.05)
     spec = parse_plan(data, "doomed.yaml")
     killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db, "doomed")
 
@@ -305,9 +315,9 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
                            callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15})
 
     assert mlflow_server.proc.poll() is not None, "the server was not killed"
-    assert killer.killed_at is not None and killer.killed_at < 30, killer.killed_at
+    assert killer.killed_at is not None and killer.killed_at < ITERATIONS, killer.killed_at
     # The sweep went on and finished every trial.
-    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 30)] * 2
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", ITERATIONS)] * 2
     # ... and says what was not logged: metrics (with their steps), statuses, checkpoints.
     whats = {n.what for n in result.not_logged}
     assert {"metrics", "status", "artifact"} <= whats, whats
