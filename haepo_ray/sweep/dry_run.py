@@ -39,11 +39,12 @@ def planned_trials(plan: Plan) -> list[PlannedTrial] | None:
     return trials
 
 
-def dry_run(plan: Plan, *, out: TextIO = sys.stdout, experiment: str | None = None,
+def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = None,
             storage_path: str | None = None, tracking_uri: str | None = None,
             address: str | None = None) -> list[PlannedTrial] | None:
     """Prints the resolved sweep (every trial with its values and resources); starts nothing.
-    Every planned trial's config is validated; a bad one raises SpecError naming it."""
+    Every planned trial's config is validated; a bad one raises SpecError naming it.
+    ``out``: ``sys.stdout`` at the time of the call by default."""
     from haepo_ray.sweep.runner import experiment_root
     from haepo_ray.tracking import resolve_tracking_uri
 
@@ -54,7 +55,7 @@ def dry_run(plan: Plan, *, out: TextIO = sys.stdout, experiment: str | None = No
             plan.trial_config(t.values)
         except SpecError as err:
             raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
-    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
     p(f"sweep {spec.source or spec.experiment}: {plan.title}")
     p(f"  search: {spec.search.algorithm}, num_samples {spec.search.num_samples}"
       + (f", seed {spec.search.seed}" if spec.search.seed is not None else ""))

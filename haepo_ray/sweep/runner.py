@@ -208,13 +208,14 @@ def run_sweep(
     storage_path: str | None = None,
     track: bool = True,
     verbose: int = 1,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     spec_text: str | None = None,
     callback_kwargs: dict[str, Any] | None = None,
     extra_callbacks: list | None = None,
 ) -> results.SweepResult:
     """Runs (or with ``resume`` continues) the sweep; returns its summary.
 
+    ``out``: where its lines go (``sys.stdout`` at the time of the call, by default);
     ``callback_kwargs`` set the MLflow callback's :class:`haepo_ray.tracking.RetryPolicy`
     (``retries``, ``backoff_s``, ``timeout_s``); ``extra_callbacks`` are more Tune callbacks."""
     import ray
@@ -226,7 +227,7 @@ def run_sweep(
     spec = plan.spec
     experiment = experiment or spec.experiment
     root = experiment_root(spec, experiment, storage_path)
-    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+    p = lambda *a: print(*a, file=out or sys.stdout, flush=True)  # noqa: E731
 
     started_ray = init_ray(spec, address)
     callback = None
