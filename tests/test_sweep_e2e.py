@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from haepo_ray.sweep.dry_run import planned_trials
 from haepo_ray.sweep.plan import load_plan, parse_plan
 from haepo_ray.sweep.results import format_summary
 from haepo_ray.sweep.runner import run_sweep
+from haepo_ray.sweep.trainable import sweep_trainable
 from haepo_ray.tracking import find_sweep_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,7 +212,9 @@ def _sweep_cmd(spec: Path, uri: str, results: Path, address: str, *extra: str) -
             "--storage-path", str(results), "--address", address, "--quiet", *extra]
 
 
-def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path):
+def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
+    """The first driver is a `haepo sweep` process, SIGKILLed mid-sweep; the second is the same
+    command line run in this process (one import of RLlib less)."""
     spec_data = yaml.safe_load(SMOKE.read_text())
     spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2)
     spec_data["stop"] = {"iterations": 10}
@@ -245,10 +249,15 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path):
     rows_before = _metric_rows(db)
     assert rows_before >= 3
 
-    second = subprocess.run(_sweep_cmd(spec_path, uri, results, address, "--resume"), cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "(resuming)" in second.stdout
+    from haepo_ray.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    code = main(_sweep_cmd(spec_path, uri, results, address, "--resume")[3:])
+    second = capfd.readouterr()
+    assert code == 0, second.out[-3000:] + second.err[-3000:]
+    assert "(resuming)" in second.out
 
     (run_dir,) = list(results.glob("resumable/*"))
     assert not (run_dir / "mlflow_not_logged.jsonl").exists(), (run_dir / "mlflow_not_logged.jsonl").read_text()
@@ -294,6 +303,29 @@ def _tiny(**overrides) -> dict:
     }
     data.update(overrides)
     return data
+
+
+def _monitors() -> set:
+    return {t for t in threading.enumerate() if type(t).__name__ == "UtilMonitor"}
+
+
+def test_a_reused_trial_actor_runs_one_utilisation_monitor(ray_session):
+    """Tune's trainable samples CPU and memory for every result (perf/); the algorithm inside
+    it starts no monitor of its own, whose thread each trial's stop would join (up to 0.7 s
+    per trial when Tune reuses the actor)."""
+    plan = parse_plan(_tiny(name="reuse"), "reuse.yaml")
+    cls = sweep_trainable(plan.spec.algorithm, plan.spec.metric)
+    before = _monitors()
+    trainable = cls(config=plan.trial_config({}).to_dict())
+    try:
+        assert len(_monitors() - before) == 1
+        assert "perf" in trainable.train()
+        assert trainable.reset_config(plan.trial_config({}).update_from_dict({"seed": 1}).to_dict())
+        assert len(_monitors() - before) == 1
+        assert "perf" in trainable.train()
+    finally:
+        trainable.stop()
+    assert not _monitors() - before
 
 
 def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_path, monkeypatch):
