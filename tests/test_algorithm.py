@@ -75,7 +75,9 @@ def test_defaults_validate_and_reference_is_not_behavior():
 # --- Sampling ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_env_runners, envs_per_runner", [(0, 1), (2, 1), (2, 3)])
+# 2 remote runners of 1 env each: a slow twin of (2, 3), which samples across runners too.
+@pytest.mark.parametrize("num_env_runners, envs_per_runner",
+                         [(0, 1), pytest.param(2, 1, marks=pytest.mark.slow), (2, 3)])
 def test_batches_hold_exactly_m_complete_episodes(ray_session, num_env_runners, envs_per_runner):
     config = (
         chain_config(num_env_runners)
@@ -385,7 +387,10 @@ def test_env_runners_sample_with_the_learners_weights_after_every_update(
 # --- Learning ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_env_runners", [0, 2])
+# Learning with remote env runners is learning plus the weight sync and sampling that
+# test_env_runners_sample_with_the_learners_weights_after_every_update[2] and
+# test_batches_hold_exactly_m_complete_episodes[2-3] check exactly: a slow twin.
+@pytest.mark.parametrize("num_env_runners", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_learns_the_chain_mdp(ray_session, num_env_runners):
     """A random policy reaches the end of the 5-step chain with probability 1/32."""
     results, algo = train(chain_config(num_env_runners), 40)
@@ -394,8 +399,7 @@ def test_learns_the_chain_mdp(ray_session, num_env_runners):
     assert episode_return(results[-1]) > 0.6
 
 
-# With remote env runners learning also needs the weights synced to them: the chain test
-# proves that in the test command; the bandit's is a slow twin.
+# The bandit with remote env runners: a slow twin, as the chain's.
 @pytest.mark.parametrize("num_env_runners", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_learns_a_gaussian_bandit(ray_session, num_env_runners):
     config = (
@@ -530,6 +534,9 @@ def test_whole_episodes_are_sharded_without_splitting():
     assert sorted(sum(map(len, s)) for s in shards) == [20, 200, 500]
 
 
+# Two learner processes: test_listwise's HAEPO case (two learners make exactly the one
+# learner's update from a 1 + 4 split of the episodes) stands for this in the test command.
+@pytest.mark.slow
 def test_two_learners_each_get_whole_episodes_and_learn(ray_session):
     config = (
         chain_config()

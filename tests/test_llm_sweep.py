@@ -184,7 +184,10 @@ UPDATES = 8  # the kill lands after the update-2 checkpoint; a tiny update takes
 TRAINS = {2: "RayTrainWorker", 0: "ImplicitFunc"}
 
 
-@pytest.mark.parametrize("workers", [2, 0])
+# The Ray Train case (a controller and about seven actors per start, two starts, the workers
+# importing transformers: about 120 CPU-seconds) is in the slow tier; the trial's own process
+# is in the test command.
+@pytest.mark.parametrize("workers", [pytest.param(2, marks=pytest.mark.slow), 0])
 def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ray_session, tmp_path, monkeypatch):
     """Killed after its update-2 checkpoint and retried by Tune from it, a trial ends with the
     weights and losses of one process trained uninterrupted on the same prompts (an LLMRun

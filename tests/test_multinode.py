@@ -304,6 +304,9 @@ def _node_ids_by_ip(c: LocalCluster) -> dict[str, str]:
     return {n["node_ip"]: n["node_id"] for n in local_lib.alive_nodes(c.dashboard, str(c.token_file))}
 
 
+# Slow tier: the node-loss test below submits a sweep the same way (without --follow), with a
+# trial on each worker, and checks the job, its listing and MLflow.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_submit_runs_a_sweep_on_both_workers(cluster, tmp_path):
     """`haepo submit --follow` runs a 2-trial sweep as a Ray Job; the trials land on both
@@ -390,7 +393,7 @@ def _iterations_logged(storage: str, experiment: str, trial_id: str) -> list[int
 
 
 @pytest.mark.timeout(900)
-def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path):
+def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path, capsys, monkeypatch):
     """A worker node is SIGKILLed (its whole session, by pid) while it runs a trial that has
     checkpoints; the sweep finishes, the lost trial is retried from its last checkpoint on the
     surviving worker, and MLflow holds no duplicate and no orphaned RUNNING run.
@@ -410,6 +413,7 @@ def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path):
         env=cluster.env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.splitlines()[0].strip()
+    assert re.fullmatch(r"haepo-node-failure-\d{8}-\d{6}-[0-9a-f]{4}", job_id), job_id
     sdk = cluster.sdk()
 
     # Wait until a trial on worker-2 is past its first checkpoint (every 2 iterations).
@@ -439,6 +443,14 @@ def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path):
     assert sdk.get_job_status(job_id).value == "SUCCEEDED", logs[-6000:]
     # Exactly the killed node is gone (Ray advertises the head under the machine's address).
     assert _node_ids_by_ip(cluster).keys() == alive.keys() - {victim_ip}
+    # `haepo jobs` lists it (in this process: the command line is tested by submit above).
+    for key in _CLIENT_ENV_DROP:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
+    code, listing, err = run_jobs_main(["jobs", "--address", cluster.dashboard], capsys)
+    assert code == 0, err
+    (row,) = [line for line in listing.splitlines() if line.startswith(job_id)]
+    assert "SUCCEEDED" in row and "node-failure" in row
 
     parent, children = _sweep_runs(cluster.mlflow, "node-failure")
     assert parent.info.status == "FINISHED"
