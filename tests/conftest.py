@@ -49,29 +49,30 @@ def tiny_lm():
     return model.double().eval(), tokenizer
 
 
-# How long the slow modules take, in seconds: their tests' setup + call + teardown summed
-# (`make test PYTEST_ARGS=--durations=0`), measured 2026-11-23 17:40 UTC on the 2-core machine
-# with the suite in a cgroup of high CPU shares while other jobs ran. Under pytest-xdist each
-# module runs whole on one worker (--dist loadfile, --no-loadscope-reorder) and a worker takes
-# the next module from this order when it is down to its last two tests: longest first keeps a
-# long module from running alone at the end while the other worker idles. A module not listed
-# runs after these, in file order, so a new slow module needs its line here.
+# How long the slow modules take in `make test`, in seconds: their tests' setup + call +
+# teardown summed (`make test PYTEST_ARGS=--durations=0`), measured 2026-11-23 20:26 UTC on the
+# 2-core machine, otherwise idle. Under pytest-xdist each module runs whole on one worker
+# (--dist loadfile, --no-loadscope-reorder) and a worker takes the next module from this order
+# when it is down to its last two tests: longest first keeps a long module from running alone
+# at the end while the other worker idles. A module not listed runs after these, in file
+# order, so a new slow module needs its line here.
 MODULE_SECONDS = {
-    "test_sweep_e2e.py": 240,
-    "test_llm_sweep.py": 215,  # 2 Ray Train trial starts (a worker killed, the trial retried)
-    "test_multinode.py": 180,
-    "test_algorithm.py": 165,
-    "test_tracking.py": 95,
-    "test_listwise.py": 50,
-    "test_report.py": 50,
-    "test_cli.py": 30,
-    "test_llm_train.py": 30,
+    "test_sweep_e2e.py": 195,
+    "test_multinode.py": 135,
+    "test_algorithm.py": 135,
+    "test_llm_sweep.py": 115,
+    "test_report.py": 45,
+    "test_tracking.py": 40,
+    "test_llm_train.py": 35,
     "test_baselines.py": 25,
-    "test_report_llm.py": 17,
-    "test_dashboards.py": 13,
-    "test_sweep_spec.py": 10,
-    "test_cluster_files.py": 10,
-    "test_devices.py": 8,
+    "test_cli.py": 25,
+    "test_report_llm.py": 13,
+    "test_listwise.py": 11,
+    "test_sweep_spec.py": 11,
+    "test_dashboards.py": 10,
+    "test_cluster_files.py": 7,
+    "test_sampling.py": 7,
+    "test_devices.py": 7,
     "test_llm_eval_form.py": 7,
 }
 
