@@ -443,7 +443,7 @@ def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path, capsys, mon
     assert sdk.get_job_status(job_id).value == "SUCCEEDED", logs[-6000:]
     # Exactly the killed node is gone (Ray advertises the head under the machine's address).
     assert _node_ids_by_ip(cluster).keys() == alive.keys() - {victim_ip}
-    # `haepo jobs` lists it (in this process: the command line is tested by submit above).
+    # `haepo jobs` lists it (run in this process; the submit test runs it as a command).
     for key in _CLIENT_ENV_DROP:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))

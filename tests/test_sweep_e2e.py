@@ -207,14 +207,15 @@ def _metric_rows(db: Path) -> int:
         return 0
 
 
-def _sweep_cmd(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "haepo_ray.cli", "sweep", str(spec), "--tracking-uri", uri,
-            "--storage-path", str(results), "--address", address, "--quiet", *extra]
+def _sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
+    """The arguments of `haepo sweep` for the killed-driver test."""
+    return ["sweep", str(spec), "--tracking-uri", uri, "--storage-path", str(results),
+            "--address", address, "--quiet", *extra]
 
 
 def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
     """The first driver is a `haepo sweep` process, SIGKILLed mid-sweep; the second is the same
-    command line run in this process (one import of RLlib less)."""
+    command line run in this process (one process importing RLlib fewer)."""
     spec_data = yaml.safe_load(SMOKE.read_text())
     spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2)
     spec_data["stop"] = {"iterations": 10}
@@ -230,8 +231,9 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     env["PYTHONUNBUFFERED"] = "1"
 
     log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen(_sweep_cmd(spec_path, uri, results, address), cwd=tmp_path, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    command = [sys.executable, "-m", "haepo_ray.cli", *_sweep_args(spec_path, uri, results, address)]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
@@ -254,7 +256,7 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(key, raising=False)
-    code = main(_sweep_cmd(spec_path, uri, results, address, "--resume")[3:])
+    code = main(_sweep_args(spec_path, uri, results, address, "--resume"))
     second = capfd.readouterr()
     assert code == 0, second.out[-3000:] + second.err[-3000:]
     assert "(resuming)" in second.out
