@@ -26,8 +26,8 @@ help:
 	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
 	@echo "make prometheus  install Prometheus (Debian package; root) for the dashboard's test"
 
-# uv installs what pip would (measured here: 54 s instead of 134 s for the whole set-up, most
-# of it compiling bytecode, which pip does too). It looks where pip's configuration says, minus
+# uv installs what pip would (measured here: about a minute instead of pip's 134 s, most of it
+# compiling bytecode, which pip does too). It looks where pip's configuration says, minus
 # extra indexes: PyPI and pip's find-links (on the development and CI machines, the folder
 # holding the CPU build of torch).
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))

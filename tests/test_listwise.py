@@ -46,8 +46,11 @@ def test_learners_shares_average_to_the_gradient_of_the_whole_list(algorithm):
         for shard in shards:
             surrogate, out = listwise_loss(loss_fn, traj_logp[shard.rows], traj_logp.detach(), shard)
             torch.testing.assert_close(surrogate.detach(), direct.detach(), rtol=0, atol=1e-12)
+            torch.testing.assert_close(out.loss.detach(), direct.detach(), rtol=0, atol=1e-12)  # the list's
             grads.append(torch.autograd.grad(surrogate, step_logp, retain_graph=True)[0])
         torch.testing.assert_close(sum(grads) / len(shards), expected, rtol=0, atol=1e-12)
+    if algorithm == "HAEPO":
+        assert float(out.weight_entropy) > 0
 
 
 def _episodes() -> list:
