@@ -55,7 +55,8 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
             plan.trial_config(t.values)
         except SpecError as err:
             raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
-    p = lambda *a: print(*a, file=out or sys.stdout)  # noqa: E731
+    out = out or sys.stdout
+    p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"sweep {spec.source or spec.experiment}: {plan.title}")
     p(f"  search: {spec.search.algorithm}, num_samples {spec.search.num_samples}"
       + (f", seed {spec.search.seed}" if spec.search.seed is not None else ""))

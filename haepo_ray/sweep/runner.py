@@ -227,7 +227,8 @@ def run_sweep(
     spec = plan.spec
     experiment = experiment or spec.experiment
     root = experiment_root(spec, experiment, storage_path)
-    p = lambda *a: print(*a, file=out or sys.stdout, flush=True)  # noqa: E731
+    out = out or sys.stdout
+    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
 
     started_ray = init_ray(spec, address)
     callback = None
