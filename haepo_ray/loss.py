@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 Normalization = Literal["zscore", "sum", "none"]
 NORMALIZATIONS: tuple[str, ...] = ("zscore", "sum", "none")
@@ -23,6 +24,7 @@ __all__ = [
     "NORMALIZATIONS",
     "HAEPOLossOutput",
     "haepo_loss",
+    "is_fake",
     "negative_entropy",
     "normalize_returns",
     "plackett_luce_log_weights",
@@ -32,7 +34,15 @@ __all__ = [
 ]
 
 
+def is_fake(x: Tensor) -> bool:
+    """True for a tensor without values (``FakeTensorMode``, the memory simulator's): checks of
+    values cannot run on it and are skipped; they run on every real tensor."""
+    return isinstance(x, FakeTensor)
+
+
 def _check_finite(name: str, x: Tensor) -> None:
+    if is_fake(x):
+        return
     if not torch.isfinite(x).all():
         bad = (~torch.isfinite(x)).nonzero().flatten()[:5].tolist()
         raise ValueError(f"{name} holds NaN or inf values (at positions {bad}, first 5)")

@@ -8,32 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from haepo_ray.llm.objectives import ObjectiveSettings, backward, effective_num_trajectories, group_loss
-from haepo_ray.llm.rollout import completion_batch, sequence_logp, token_stats
-
-PROMPTS = ["the model writes", "the model writes", "the model writes",
-           "we propose a method", "we propose a method", "we propose a method"]
-COMPLETIONS = ["a short summary", "the paper", "results show the method improves accuracy",
-               "for parsing", "a cat sat on the mat", "the method"]
-
-
-def _batch(tokenizer):
-    batch = completion_batch(tokenizer, PROMPTS, COMPLETIONS)
-    # Two prompts of three completions each.
-    return type(batch)(batch.input_ids, batch.attention_mask, batch.completion_mask,
-                       torch.tensor([0, 0, 0, 1, 1, 1]))
+from haepo_ray.llm.objectives import backward, effective_num_trajectories, group_loss
+from haepo_ray.llm.rollout import sequence_logp, token_stats
+from haepo_ray.llm.settings import ObjectiveSettings
+from helpers import RETURNS
+from helpers import group_batch as _batch
 
 
 def _ref_logp(model, batch):
     with torch.no_grad():  # a reference that differs from the policy, so the KL terms matter
         return token_stats(model, batch)[0] * 1.1
-
-
-RETURNS = {
-    "HAEPO": torch.tensor([0.3, 0.9, 0.1, 0.5, 0.2, 0.7], dtype=torch.float64),
-    "GRPO": torch.tensor([0.3, 0.9, 0.1, 0.5, 0.2, 0.7], dtype=torch.float64),
-    "DPO": torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64),  # gold first, then samples
-}
 
 
 def _gradient(model, batch, loss_fn, micro_batch_size, with_entropy):
@@ -48,7 +32,7 @@ def _gradient(model, batch, loss_fn, micro_batch_size, with_entropy):
 def test_micro_batched_backward_equals_the_full_group_gradient(tiny_lm, algo):
     model, tokenizer = tiny_lm
     batch = _batch(tokenizer)
-    loss_fn = group_loss(ObjectiveSettings(algo=algo), batch, RETURNS[algo], _ref_logp(model, batch))
+    loss_fn = group_loss(ObjectiveSettings(algo=algo), batch, RETURNS[algo], _ref_logp(model, batch), group_rows=3)
     full_loss, full = _gradient(model, batch, loss_fn, 0, algo == "GRPO")
     assert full.abs().max() > 1e-4
     for size in (1, 4):
@@ -70,7 +54,7 @@ def test_haepo_gradient_through_the_lm_matches_finite_differences(tiny_lm, monke
     model, tokenizer = tiny_lm
     batch = _batch(tokenizer)
     settings = ObjectiveSettings(algo="HAEPO", weight_temperature=4.0)  # weights not one-hot
-    loss_fn = group_loss(settings, batch, RETURNS["HAEPO"], _ref_logp(model, batch))
+    loss_fn = group_loss(settings, batch, RETURNS["HAEPO"], _ref_logp(model, batch), group_rows=3)
     _, grads = _gradient(model, batch, loss_fn, 1, False)
     params = list(model.parameters())
     direction = [torch.randn(p.shape, generator=torch.Generator().manual_seed(i), dtype=p.dtype)
@@ -100,7 +84,7 @@ def test_dpo_on_gold_and_samples_is_the_mean_over_gold_vs_sample_pairs(tiny_lm):
     ref = _ref_logp(model, batch)
     with torch.no_grad():
         logp = token_stats(model, batch)[0]
-        loss = group_loss(ObjectiveSettings(algo="DPO", dpo_beta=0.5), batch, RETURNS["DPO"], ref)(logp, None)
+        loss = group_loss(ObjectiveSettings(algo="DPO", dpo_beta=0.5), batch, RETURNS["DPO"], ref, group_rows=3)(logp, None)
     margin = 0.5 * (sequence_logp(logp, batch.completion_mask) - sequence_logp(ref, batch.completion_mask))
     # Per prompt: gold (row 0 / 3) against each of its two samples; the update averages the prompts.
     hand = [-(F.logsigmoid(margin[g] - margin[g + 1]) + F.logsigmoid(margin[g] - margin[g + 2])) / 2 for g in (0, 3)]
@@ -112,9 +96,9 @@ def test_effective_number_of_trajectories_and_weight_options(tiny_lm):
     batch = _batch(tokenizer)
     with torch.no_grad():
         logp = token_stats(model, batch)[0]
-    plain = effective_num_trajectories(ObjectiveSettings(), batch, logp)
-    hot = effective_num_trajectories(ObjectiveSettings(weight_temperature=1e9), batch, logp)
-    normalised = effective_num_trajectories(ObjectiveSettings(length_normalize=True), batch, logp)
+    plain = effective_num_trajectories(ObjectiveSettings(), batch, logp, group_rows=3)
+    hot = effective_num_trajectories(ObjectiveSettings(weight_temperature=1e9), batch, logp, group_rows=3)
+    normalised = effective_num_trajectories(ObjectiveSettings(length_normalize=True), batch, logp, group_rows=3)
     # Completions of 3 to 7 tokens differ by nats in L_k: far from uniform weights.
     assert 1.0 <= plain < 2.0
     assert hot == pytest.approx(3.0, abs=1e-6)  # tau -> inf: uniform over the three completions
@@ -123,6 +107,43 @@ def test_effective_number_of_trajectories_and_weight_options(tiny_lm):
     w = torch.softmax(L[:3], 0)
     first_group = 1 / (w**2).sum()
     assert plain == pytest.approx(float((first_group + 1 / (torch.softmax(L[3:], 0) ** 2).sum()) / 2), rel=1e-12)
+
+
+def test_grpo_on_padded_token_rows_equals_grpo_on_flat_steps(tiny_lm):
+    from haepo_ray.baselines.losses import grpo_loss
+
+    model, tokenizer = tiny_lm
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        logp, entropy = token_stats(model, batch.to("cpu"), True)
+    ref = _ref_logp(model, batch)
+    mask = batch.completion_mask
+    logp = logp.double().requires_grad_(True)
+    settings = ObjectiveSettings(algo="GRPO", beta_kl=0.1, beta_ent=0.05)
+    grouped = group_loss(settings, batch, RETURNS["GRPO"], ref.double(), group_rows=3)(logp, entropy.double())
+    (grad,) = torch.autograd.grad(grouped, logp)
+    flat = []
+    for g in (slice(0, 3), slice(3, 6)):  # the flat form: each group's steps and their episode
+        m = mask[g]
+        flat.append(grpo_loss(logp[g][m], logp[g][m].detach(), ref.double()[g][m], entropy.double()[g][m],
+                              m.nonzero()[:, 0], RETURNS["GRPO"][g], clip_param=0.2, beta_kl=0.1,
+                              beta_ent=0.05).loss)
+    flat = torch.stack(flat).mean()
+    (flat_grad,) = torch.autograd.grad(flat, logp)
+    torch.testing.assert_close(grouped, flat, rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, flat_grad, rtol=1e-12, atol=1e-15)
+    assert flat_grad.abs().max() > 1e-3
+
+
+def test_rows_of_a_group_must_be_consecutive(tiny_lm):
+    _, tokenizer = tiny_lm
+    batch = _batch(tokenizer)
+    shuffled = type(batch)(batch.input_ids, batch.attention_mask, batch.completion_mask,
+                           torch.tensor([0, 1, 0, 1, 0, 1]))
+    with pytest.raises(ValueError, match="consecutive groups of 3 per prompt"):
+        group_loss(ObjectiveSettings(), shuffled, RETURNS["HAEPO"], torch.zeros(6, 1), group_rows=3)
+    with pytest.raises(ValueError, match="6 rows do not split into groups of 4"):
+        group_loss(ObjectiveSettings(), batch, RETURNS["HAEPO"], torch.zeros(6, 1), group_rows=4)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -15,6 +15,7 @@ L_k are in the thousands give neither NaN nor underflow. This module imports not
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor
 from haepo_ray.loss import (
     Normalization,
     _check_beta,
+    _check_finite,
     _check_vector,
     normalize_returns,
     trajectory_log_likelihood,
@@ -37,6 +39,7 @@ __all__ = [
     "dpo_loss",
     "episode_mean",
     "grpo_loss",
+    "grpo_token_loss",
     "implicit_reward",
     "preference_pairs",
     "reference_kl",
@@ -202,23 +205,87 @@ def grpo_loss(
     for name, x in steps:
         _check_vector(name, x)
     _check_same_shape(", ".join(name for name, _ in steps), *(x for _, x in steps))
+    num_episodes = returns.numel()
+    # The first episode_mean checks episode_index before it is used to index the advantages.
+    return _grpo(
+        step_logp, behavior_step_logp, ref_step_logp, step_entropy, returns,
+        per_episode=lambda x: episode_mean(x, episode_index, num_episodes),
+        per_step=lambda a: a[episode_index.long()],
+        step_mean=torch.mean,
+        clip_param=clip_param, beta_kl=beta_kl, beta_ent=beta_ent, normalization=normalization,
+    )
+
+
+def grpo_token_loss(
+    token_logp: Tensor,
+    behavior_token_logp: Tensor,
+    ref_token_logp: Tensor,
+    token_entropy: Tensor,
+    mask: Tensor,
+    returns: Tensor,
+    *,
+    clip_param: float,
+    beta_kl: float | Tensor,
+    beta_ent: float | Tensor = 0.0,
+    normalization: Normalization = "zscore",
+) -> GRPOLossOutput:
+    """:func:`grpo_loss` on padded rows: row k of the ``[M, T]`` tensors is episode k and
+    ``mask`` marks its steps. The same loss, with shapes that do not depend on the data (the
+    language-model objective's form, which the memory simulator runs on fake tensors)."""
+    rows = (
+        ("token_logp", token_logp),
+        ("behavior_token_logp", behavior_token_logp),
+        ("ref_token_logp", ref_token_logp),
+        ("token_entropy", token_entropy),
+        ("mask", mask),
+    )
+    _check_same_shape(", ".join(name for name, _ in rows), *(x for _, x in rows))
+    if token_logp.dim() != 2 or mask.dtype != torch.bool:
+        raise ValueError(f"token tensors must be [M, T] with a bool mask, got {tuple(token_logp.shape)}, {mask.dtype}")
+    for name, x in rows[:-1]:
+        _check_finite(name, x)
+    lengths = mask.sum(dim=1)
+
+    def per_episode(x: Tensor) -> Tensor:
+        return torch.where(mask, x, torch.zeros_like(x)).sum(dim=1) / lengths
+
+    return _grpo(
+        token_logp, behavior_token_logp, ref_token_logp, token_entropy, returns,
+        per_episode=per_episode,
+        per_step=lambda a: a[:, None],
+        step_mean=lambda x: torch.where(mask, x, torch.zeros_like(x)).sum() / lengths.sum(),
+        clip_param=clip_param, beta_kl=beta_kl, beta_ent=beta_ent, normalization=normalization,
+    )
+
+
+def _grpo(
+    step_logp: Tensor,
+    behavior_step_logp: Tensor,
+    ref_step_logp: Tensor,
+    step_entropy: Tensor,
+    returns: Tensor,
+    *,
+    per_episode: Callable[[Tensor], Tensor],
+    per_step: Callable[[Tensor], Tensor],
+    step_mean: Callable[[Tensor], Tensor],
+    clip_param: float,
+    beta_kl: float | Tensor,
+    beta_ent: float | Tensor,
+    normalization: Normalization,
+) -> GRPOLossOutput:
+    """The GRPO equations, given how steps are laid out: ``per_episode`` is 1/T_k sum_{t in k},
+    ``per_step`` spreads an episode's value over its steps, ``step_mean`` is the mean over steps."""
     _check_vector("returns", returns)
     if isinstance(clip_param, bool) or not isinstance(clip_param, (int, float)) or not 0 < clip_param < 1:
         raise ValueError(f"clip_param must be a number in (0, 1), got {clip_param!r}")
     _check_beta("beta_kl", beta_kl)
     _check_beta("beta_ent", beta_ent)
-    num_episodes = returns.numel()
 
-    # The first episode_mean checks episode_index before it is used to index the advantages.
-    kl = episode_mean(reference_kl(step_logp, ref_step_logp), episode_index, num_episodes)
-    entropy = episode_mean(step_entropy, episode_index, num_episodes)
+    kl = per_episode(reference_kl(step_logp, ref_step_logp))
+    entropy = per_episode(step_entropy)
     advantage = normalize_returns(returns, normalization)  # Sec. 4.1.2: A_{i,t} = r~_i
     ratio = torch.exp(step_logp - behavior_step_logp)
-    surrogate = episode_mean(
-        clipped_surrogate(ratio, advantage[episode_index.long()], clip_param),
-        episode_index,
-        num_episodes,
-    )
+    surrogate = per_episode(clipped_surrogate(ratio, per_step(advantage), clip_param))
     # Eq. 3, negated to a loss: 1/G sum_i 1/|o_i| sum_t [min(...) - beta D_KL], plus entropy
     surrogate_loss = -surrogate.mean()
     kl_loss = beta_kl * kl.mean()
@@ -232,6 +299,6 @@ def grpo_loss(
             kl_loss=kl_loss,
             entropy_loss=entropy_loss,
             step_kl_to_reference=kl.mean(),
-            clip_fraction=((ratio - 1).abs() > clip_param).to(ratio.dtype).mean(),
+            clip_fraction=step_mean(((ratio - 1).abs() > clip_param).to(ratio.dtype)),
             advantage_abs_mean=advantage.abs().mean(),
         )

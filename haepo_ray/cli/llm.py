@@ -1,15 +1,21 @@
-"""``haepo llm train``: the language-model experiment from the command line."""
+"""``haepo llm train``: the language-model experiment from the command line (``haepo llm
+memory`` and the evaluation form have modules of their own)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
-from haepo_ray.cli import llm_eval
+from haepo_ray.cli import llm_eval, llm_memory
+from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
+from haepo_ray.llm.settings import LLMTrainSettings
 
 __all__ = ["add_parser"]
+
+_TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(LLMTrainSettings))  # every field
 
 
 def _print_row(row: dict[str, Any]) -> None:
@@ -25,21 +31,9 @@ def _print_row(row: dict[str, Any]) -> None:
 
 def cmd_llm_train(args: argparse.Namespace) -> int:
     from haepo_ray.cli.errors import UsageError
-    from haepo_ray.llm.train import LLMTrainSettings, train
+    from haepo_ray.llm.train import train
 
-    try:
-        settings = LLMTrainSettings(
-            algo=args.algo, model=args.model, data=args.data, sft_examples=args.sft_examples,
-            rl_updates=args.rl_updates, batch_prompts=args.batch_prompts, group_size=args.group_size,
-            seed=args.seed, device=args.device, dtype=args.dtype, lr=args.lr, sft_lr=args.sft_lr,
-            beta_ent=args.beta_ent, beta_kl=args.beta_kl, length_normalize=args.length_normalize,
-            weight_temperature=args.weight_temperature, max_new_tokens=args.max_new_tokens,
-            min_new_tokens=args.min_new_tokens, max_source_words=args.max_source_words,
-            micro_batch_size=args.micro_batch_size,
-            eval_prompts=args.eval_prompts, eval_every=args.eval_every,
-        )
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    settings = settings_from_args(args, _TRAIN_FIELDS)
     out = Path(args.out or Path(".haepo") / "llm" / f"{args.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         train(settings, out, callback=_print_row)
@@ -59,32 +53,8 @@ def add_parser(subparsers: Any) -> None:
                     "metrics.jsonl, generations.jsonl and config.json. Offline: --model tiny or "
                     "smollm2, --data aclsum.",
     )
-    p.add_argument("--algo", choices=("HAEPO", "GRPO", "DPO"), default="HAEPO")
-    p.add_argument("--model", default="smollm2",
-                   help="tiny (random 2-layer test model), smollm2 (default; offline), or a HF name or path")
-    p.add_argument("--data", default="aclsum", help="aclsum (default; offline) or tldr:PATH_OR_ID "
-                   "(a .jsonl/.parquet file or a datasets id)")
-    p.add_argument("--sft-examples", type=int, default=1000, help="supervised examples (default 1000)")
-    p.add_argument("--rl-updates", type=int, default=1000, help="RL updates (default 1000)")
-    p.add_argument("--batch-prompts", type=int, default=4, help="prompts per update (default 4)")
-    p.add_argument("--group-size", type=int, default=4, help="completions per prompt, M (default 4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    p.add_argument("--lr", type=float, default=5e-5, help="RL learning rate (default 5e-5)")
-    p.add_argument("--sft-lr", type=float, default=5e-5, help="SFT learning rate (default 5e-5)")
-    p.add_argument("--beta-ent", type=float, default=1e-2)
-    p.add_argument("--beta-kl", type=float, default=1e-2)
-    p.add_argument("--length-normalize", action="store_true",
-                   help="HAEPO: weights from L_k / length instead of the paper's plain sum")
-    p.add_argument("--weight-temperature", type=float, default=1.0, help="HAEPO: weights from L_k / tau")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--min-new-tokens", type=int, default=1)
-    p.add_argument("--max-source-words", type=int, default=300, help="cut each source text to N words")
-    p.add_argument("--micro-batch-size", type=int, default=1,
-                   help="completions per backward pass (default 1; 0 = the whole update at once)")
-    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for generations.jsonl")
-    p.add_argument("--eval-every", type=int, default=0, help="also write generations every N updates")
+    add_settings_options(p, _TRAIN_FIELDS)
     p.add_argument("--out", metavar="DIR", help="output folder (default .haepo/llm/ALGO-TIME)")
     p.set_defaults(func=cmd_llm_train)
+    llm_memory.add_parser(llm_sub)
     llm_eval.add_parsers(llm_sub)

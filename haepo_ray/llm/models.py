@@ -23,7 +23,7 @@ import torch
 
 from haepo_ray.llm.assets import package_dir
 
-__all__ = ["cache_dir", "load_model", "smollm2_gguf", "tiny_model"]
+__all__ = ["cache_dir", "load_model", "smollm2_gguf", "tiny_config", "tiny_model"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
@@ -90,18 +90,24 @@ def _word_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
 
 
+def tiny_config(vocab_size: int = 512, hidden_size: int = 64, **token_ids: int) -> Any:
+    """The tiny model's architecture: a 2-layer Llama, 4 heads, tied embeddings."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=2048, tie_word_embeddings=True, **token_ids,
+    )
+
+
 def tiny_model(texts: Iterable[str], seed: int, vocab_size: int = 512, hidden_size: int = 64) -> tuple[Any, Any]:
-    """A random 2-layer Llama and a word-level tokenizer trained on ``texts``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A random :func:`tiny_config` Llama and a word-level tokenizer trained on ``texts``."""
+    from transformers import LlamaForCausalLM
 
     tokenizer = _word_tokenizer(texts, vocab_size)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
+    config = tiny_config(len(tokenizer), hidden_size, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -28,52 +28,24 @@ softmax over the vocabulary in the graph; HAEPO and DPO only the chosen tokens' 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from haepo_ray.baselines.losses import dpo_loss, grpo_loss
+from haepo_ray.baselines.losses import dpo_loss, grpo_token_loss
 from haepo_ray.llm.rollout import Batch, sequence_logp, token_stats
-from haepo_ray.loss import NORMALIZATIONS, Normalization, haepo_loss
+from haepo_ray.llm.settings import ObjectiveSettings
+from haepo_ray.loss import haepo_loss, is_fake
 
-__all__ = ["ALGORITHMS", "ObjectiveSettings", "backward", "effective_num_trajectories", "group_loss"]
+__all__ = ["TokenLoss", "TokenStats", "backward", "chunks", "effective_num_trajectories", "gold_first",
+           "group_loss", "rows_per_prompt"]
 
-Algorithm = Literal["HAEPO", "GRPO", "DPO"]
-ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
 # (token_logp, token_entropy or None) -> scalar loss
 TokenLoss = Callable[[Tensor, Tensor | None], Tensor]
-
-
-@dataclass(frozen=True)
-class ObjectiveSettings:
-    """The losses' settings; betas as in the paper (1e-2), GRPO's clip and DPO's beta as usual."""
-
-    algo: Algorithm = "HAEPO"
-    beta_ent: float = 1e-2
-    beta_kl: float = 1e-2
-    normalization: Normalization = "zscore"
-    length_normalize: bool = False
-    weight_temperature: float = 1.0
-    clip_param: float = 0.2
-    dpo_beta: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.algo not in ALGORITHMS:
-            raise ValueError(f"algo must be one of {ALGORITHMS}, got {self.algo!r}")
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
-        for name in ("beta_ent", "beta_kl"):
-            if not 0 <= getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
-        for name in ("weight_temperature", "dpo_beta"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
-        if not 0 < self.clip_param < 1:
-            raise ValueError(f"clip_param must be in (0, 1), got {self.clip_param!r}")
+# (model, batch, with_entropy) -> token log-probs, entropies: rollout.token_stats, or the simulator's
+TokenStats = Callable[[Any, Batch, bool], tuple[Tensor, Tensor | None]]
 
 
 def _haepo_traj_logp(token_logp: Tensor, mask: Tensor, settings: ObjectiveSettings) -> Tensor:
@@ -83,20 +55,41 @@ def _haepo_traj_logp(token_logp: Tensor, mask: Tensor, settings: ObjectiveSettin
     return traj_logp / settings.weight_temperature
 
 
-def _groups(prompt_index: Tensor) -> list[Tensor]:
-    return [(prompt_index == g).nonzero().flatten() for g in prompt_index.unique(sorted=True)]
+def rows_per_prompt(settings: ObjectiveSettings, group_size: int) -> int:
+    """Rows of one prompt in an update's batch: its samples, after its gold summary for DPO."""
+    return group_size + 1 if settings.algo == "DPO" else group_size
+
+
+def gold_first(num_prompts: int, group_size: int) -> Tensor:
+    """The row order that takes ``[gold_1..gold_P, samples of prompt 1, ..]`` to DPO's groups
+    ``[gold_1, samples of prompt 1, gold_2, ..]``."""
+    prompt = torch.arange(num_prompts)[:, None]
+    return torch.cat([prompt, num_prompts + prompt * group_size + torch.arange(group_size)], dim=1).flatten()
+
+
+def _groups(batch: Batch, group_rows: int) -> list[slice]:
+    """The update's groups: ``group_rows`` consecutive rows answer one prompt (static slices,
+    so the loss has no data-dependent shapes)."""
+    n = len(batch)
+    if group_rows < 1 or n % group_rows:
+        raise ValueError(f"{n} rows do not split into groups of {group_rows}")
+    index = batch.prompt_index
+    if not is_fake(index) and not (index.view(-1, group_rows) == index[::group_rows, None]).all():
+        raise ValueError(f"rows must come in consecutive groups of {group_rows} per prompt, got prompt_index {index.tolist()}")
+    return [slice(i, i + group_rows) for i in range(0, n, group_rows)]
 
 
 def group_loss(
-    settings: ObjectiveSettings, batch: Batch, returns: Tensor, ref_token_logp: Tensor
+    settings: ObjectiveSettings, batch: Batch, returns: Tensor, ref_token_logp: Tensor, *, group_rows: int
 ) -> TokenLoss:
     """The update's loss as a function of the policy's token log-probs (and entropies).
 
     ``returns`` are the rewards R_k, ``ref_token_logp`` the reference policy's token
-    log-probs, both per row of ``batch``; the loss is the mean over prompts of each group's loss.
+    log-probs, both per row of ``batch``, whose rows come in groups of ``group_rows`` per
+    prompt; the loss is the mean over prompts of each group's loss.
     """
     mask = batch.completion_mask
-    groups = _groups(batch.prompt_index)
+    groups = _groups(batch, group_rows)
 
     def loss(token_logp: Tensor, token_entropy: Tensor | None) -> Tensor:
         per_group = []
@@ -113,11 +106,8 @@ def group_loss(
         else:
             assert token_entropy is not None, "GRPO needs the token entropies"
             for g in groups:
-                m = mask[g]
-                steps = m.nonzero()[:, 0]  # each step's completion within the group
-                logp = token_logp[g][m]
-                per_group.append(grpo_loss(
-                    logp, logp.detach(), ref_token_logp[g][m], token_entropy[g][m], steps, returns[g],
+                per_group.append(grpo_token_loss(
+                    token_logp[g], token_logp[g].detach(), ref_token_logp[g], token_entropy[g], mask[g], returns[g],
                     clip_param=settings.clip_param, beta_kl=settings.beta_kl, beta_ent=settings.beta_ent,
                     normalization=settings.normalization,
                 ).loss)
@@ -126,14 +116,17 @@ def group_loss(
     return loss
 
 
-def _micro_batches(n: int, size: int) -> list[slice]:
+def chunks(n: int, size: int) -> list[slice]:
+    """Slices of ``size`` rows covering ``n`` rows (one slice of all when ``size`` <= 0)."""
+    size = size if size > 0 else n
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def backward(
-    model: Any, batch: Batch, loss_fn: TokenLoss, *, micro_batch_size: int, with_entropy: bool = False
+    model: Any, batch: Batch, loss_fn: TokenLoss, *, micro_batch_size: int, with_entropy: bool = False,
+    stats: TokenStats = token_stats,
 ) -> tuple[Tensor, Tensor]:
-    """Back-propagate ``loss_fn`` of the model's token stats on ``batch`` into the parameters.
+    """Back-propagate ``loss_fn`` of the model's token ``stats`` on ``batch`` into the parameters.
 
     ``micro_batch_size`` >= len(batch) (or 0) runs the whole batch in one graph; smaller runs
     the exact micro-batched backward of the module docstring. Returns the detached loss and
@@ -141,21 +134,21 @@ def backward(
     """
     n = len(batch)
     if micro_batch_size <= 0 or micro_batch_size >= n:
-        logp, entropy = token_stats(model, batch, with_entropy)
+        logp, entropy = stats(model, batch, with_entropy)
         loss = loss_fn(logp, entropy)
         loss.backward()
         return loss.detach(), logp.detach()
-    chunks = _micro_batches(n, micro_batch_size)
+    slices = chunks(n, micro_batch_size)
     with torch.no_grad():
-        stats = [token_stats(model, batch.rows(c), with_entropy) for c in chunks]
-    logp = torch.cat([s[0] for s in stats]).requires_grad_(True)
-    entropy = torch.cat([s[1] for s in stats]).requires_grad_(True) if with_entropy else None
+        per_chunk = [stats(model, batch.rows(c), with_entropy) for c in slices]
+    logp = torch.cat([s[0] for s in per_chunk]).requires_grad_(True)
+    entropy = torch.cat([s[1] for s in per_chunk]).requires_grad_(True) if with_entropy else None
     loss = loss_fn(logp, entropy)
     leaves = [logp] if entropy is None else [logp, entropy]
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
-    for c in chunks:
-        mb_logp, mb_entropy = token_stats(model, batch.rows(c), with_entropy)
+    for c in slices:
+        mb_logp, mb_entropy = stats(model, batch.rows(c), with_entropy)
         surrogate = (grads[0][c] * mb_logp).sum()
         if mb_entropy is not None:
             surrogate = surrogate + (grads[1][c] * mb_entropy).sum()
@@ -163,9 +156,10 @@ def backward(
     return loss.detach(), logp.detach()
 
 
-def effective_num_trajectories(settings: ObjectiveSettings, batch: Batch, token_logp: Tensor) -> float:
+def effective_num_trajectories(settings: ObjectiveSettings, batch: Batch, token_logp: Tensor, *,
+                               group_rows: int) -> float:
     """Mean over prompts of 1 / sum_k w_k^2 of HAEPO's weights w: M when uniform, 1 when one-hot."""
     traj_logp = _haepo_traj_logp(token_logp, batch.completion_mask, settings)
     values = [torch.exp(-torch.logsumexp(2 * torch.log_softmax(traj_logp[g], 0), 0))
-              for g in _groups(batch.prompt_index)]
+              for g in _groups(batch, group_rows)]
     return float(torch.stack(values).mean())

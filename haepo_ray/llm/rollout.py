@@ -17,12 +17,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from haepo_ray.loss import is_fake
+
 __all__ = [
     "Batch",
     "completion_batch",
     "concat_batches",
     "generate",
+    "sample_completions",
     "sample_groups",
+    "sampling_kwargs",
     "sequence_logp",
     "token_stats",
 ]
@@ -86,23 +90,35 @@ def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
     return ids or [tokenizer.eos_token_id]
 
 
+def sampling_kwargs(*, eos_token_id: list[int], pad_token_id: int, max_new_tokens: int, min_new_tokens: int = 1,
+                    temperature: float = 1.0, greedy: bool = False) -> dict[str, Any]:
+    """transformers' ``generate`` options of a trial's sampling (pure sampling: no top-k/top-p)."""
+    sampling = {} if greedy else {"temperature": temperature, "top_k": 0, "top_p": 1.0}
+    return {"do_sample": not greedy, "max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens,
+            "pad_token_id": pad_token_id, "eos_token_id": eos_token_id, **sampling}
+
+
+@torch.no_grad()
+def sample_completions(model: Any, ids: Tensor, mask: Tensor, **sampling: Any) -> Tensor:
+    """Completion token ids [N, T] after the left-padded prompt rows ``ids``, with transformers'
+    ``generate`` and its KV cache; ``sampling`` as :func:`sampling_kwargs` takes them."""
+    out = model.generate(input_ids=ids, attention_mask=mask, **sampling_kwargs(**sampling))
+    return out[:, ids.shape[1]:]
+
+
 @torch.no_grad()
 def generate(
     model: Any, tokenizer: Any, prompts: Sequence[str], *, group_size: int, max_new_tokens: int,
     min_new_tokens: int = 1, temperature: float = 1.0, greedy: bool = False,
 ) -> tuple[Batch, list[str]]:
-    """``group_size`` sampled completions per prompt (pure sampling: no top-k/top-p) and their texts."""
+    """``group_size`` sampled completions per prompt (:func:`sample_completions`) and their texts."""
     device = next(model.parameters()).device
     ids, mask = _encode_prompts(tokenizer, prompts)
     ids, mask = ids.repeat_interleave(group_size, 0).to(device), mask.repeat_interleave(group_size, 0).to(device)
     eos = _eos_ids(tokenizer, model)
-    sampling = {} if greedy else {"temperature": temperature, "top_k": 0, "top_p": 1.0}
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, do_sample=not greedy, max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
-        **sampling,
-    )
-    completion_ids = out[:, ids.shape[1]:]
+    completion_ids = sample_completions(
+        model, ids, mask, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens, temperature=temperature, greedy=greedy)
     completion_mask = _until_first_eos(completion_ids, eos)
     texts = tokenizer.batch_decode(completion_ids.masked_fill(~completion_mask, tokenizer.pad_token_id),
                                    skip_special_tokens=True)
@@ -194,7 +210,7 @@ def sequence_logp(token_logp: Tensor, completion_mask: Tensor) -> Tensor:
     """L_k = sum_t log pi(y_t | x, y_<t) over each completion's tokens, shape [N]."""
     # Eq. "Trajectory Log-Likelihood" (Sec. 3.1), a completion being the trajectory
     lengths = completion_mask.sum(dim=1)
-    if (lengths == 0).any():
+    if not is_fake(lengths) and (lengths == 0).any():
         empty = (lengths == 0).nonzero().flatten()[:5].tolist()
         raise ValueError(f"completions {empty} (first 5) have no tokens: L_k needs at least one")
     return (token_logp * completion_mask).sum(dim=1)

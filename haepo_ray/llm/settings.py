@@ -1,8 +1,11 @@
-"""The settings of one language-model run (:class:`LLMTrainSettings`), checked when made.
+"""The settings of one language-model run (:class:`LLMTrainSettings`) and of its loss
+(:class:`ObjectiveSettings`), checked when made.
 
 A flat dataclass, so that a sweep spec can set and search each field by name
-(:mod:`haepo_ray.sweep.llm_plan`); :meth:`LLMTrainSettings.objective` derives the loss's
-:class:`~haepo_ray.llm.objectives.ObjectiveSettings` from it.
+(:mod:`haepo_ray.sweep.llm_plan`) and the command line has one option per field
+(:mod:`haepo_ray.cli.llm_options`, help texts from :data:`HELP`);
+:meth:`LLMTrainSettings.objective` derives the loss's settings from it. This module imports
+neither torch nor transformers: the ``haepo`` command builds its parser from it.
 """
 
 from __future__ import annotations
@@ -11,16 +14,52 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import Any, Literal
 
-import torch
-
-from haepo_ray.llm.objectives import ObjectiveSettings
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["DTYPES", "LLMTrainSettings"]
+__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "ObjectiveSettings", "torch_dtype"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}  # float64: exactness tests
+Algorithm = Literal["HAEPO", "GRPO", "DPO"]
+ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float64: exactness tests
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a :data:`DTYPES` name."""
+    import torch
+
+    return getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """The losses' settings; betas as in the paper (1e-2), GRPO's clip and DPO's beta as usual."""
+
+    algo: Algorithm = "HAEPO"
+    beta_ent: float = 1e-2
+    beta_kl: float = 1e-2
+    normalization: str = "zscore"
+    length_normalize: bool = False
+    weight_temperature: float = 1.0
+    clip_param: float = 0.2
+    dpo_beta: float = 0.1
+
+    def __post_init__(self) -> None:
+        from haepo_ray.loss import NORMALIZATIONS
+
+        if self.algo not in ALGORITHMS:
+            raise ValueError(f"algo must be one of {ALGORITHMS}, got {self.algo!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        for name in ("beta_ent", "beta_kl"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        for name in ("weight_temperature", "dpo_beta"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
+        if not 0 < self.clip_param < 1:
+            raise ValueError(f"clip_param must be in (0, 1), got {self.clip_param!r}")
 
 
 @dataclass(frozen=True)
@@ -53,6 +92,11 @@ class LLMTrainSettings:
     temperature: float = 1.0
     max_source_words: int = 300
     micro_batch_size: int = 1
+    # Memory savers (haepo_ray.llm.policy): activation recomputation, and LoRA adapters when lora_r > 0.
+    gradient_checkpointing: bool = False
+    lora_r: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")  # peft's default for Llama and Qwen2
     eval_prompts: int = 8
     split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
     eval_every: int = 0
@@ -61,7 +105,7 @@ class LLMTrainSettings:
     def __post_init__(self) -> None:
         counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
                   "max_new_tokens": 1, "min_new_tokens": 1, "max_source_words": 1, "micro_batch_size": 0,
-                  "eval_prompts": 1, "eval_every": 0, "split_seed": 0}
+                  "eval_prompts": 1, "eval_every": 0, "split_seed": 0, "lora_r": 0}
         for name, low in counts.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -72,7 +116,14 @@ class LLMTrainSettings:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-        for name in ("lr", "sft_lr", "temperature"):
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ValueError(f"gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
+        modules = self.lora_target_modules
+        if isinstance(modules, str) or not modules or not all(isinstance(m, str) and m for m in modules):
+            raise ValueError(f"lora_target_modules must be a non-empty list of module names, got {modules!r}")
+        object.__setattr__(self, "lora_target_modules", tuple(modules))  # a spec's YAML list; hashable
+        object.__setattr__(self, "reward_weights", tuple(self.reward_weights))
+        for name in ("lr", "sft_lr", "temperature", "lora_alpha"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
         self.objective()  # checks algo, betas, normalization, clip, temperature
@@ -81,3 +132,40 @@ class LLMTrainSettings:
     def objective(self) -> ObjectiveSettings:
         names = [f.name for f in dataclasses.fields(ObjectiveSettings)]
         return ObjectiveSettings(**{n: getattr(self, n) for n in names})
+
+
+HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_ray.cli.llm_options)
+    "algo": "HAEPO, GRPO or DPO",
+    "model": "tiny (random 2-layer test model), smollm2 (offline), or a Hugging Face name or local path",
+    "data": "aclsum (offline) or tldr:PATH_OR_ID (a .jsonl/.parquet file or a datasets id)",
+    "sft_examples": "supervised examples before RL",
+    "rl_updates": "RL updates",
+    "batch_prompts": "prompts per update",
+    "group_size": "completions per prompt, M",
+    "seed": "the run's seed (sampling, initialisation)",
+    "device": "cpu or cuda[:N]",
+    "dtype": f"weights' dtype: {', '.join(DTYPES)}",
+    "lr": "RL learning rate",
+    "sft_lr": "SFT learning rate",
+    "sft_batch": "examples per SFT step",
+    "beta_ent": "entropy bonus (HAEPO: of the weights; GRPO: of the tokens)",
+    "beta_kl": "KL penalty to the reference policy",
+    "normalization": "returns' normalisation: zscore, sum or none",
+    "length_normalize": "HAEPO: weights from L_k / length instead of the paper's plain sum",
+    "weight_temperature": "HAEPO: weights from L_k / tau",
+    "clip_param": "GRPO: the ratio's clip epsilon",
+    "dpo_beta": "DPO: the implicit reward's beta",
+    "max_new_tokens": "tokens per completion at most",
+    "min_new_tokens": "tokens per completion at least",
+    "temperature": "sampling temperature",
+    "max_source_words": "cut each source text to N words",
+    "micro_batch_size": "completions per backward pass (0: the whole update at once)",
+    "gradient_checkpointing": "recompute each decoder layer's activations in the backward pass",
+    "lora_r": "LoRA rank (0: train every weight)",
+    "lora_alpha": "LoRA scale alpha",
+    "lora_target_modules": "modules that get LoRA adapters",
+    "eval_prompts": "held-out prompts for generations.jsonl",
+    "split_seed": "seed of the held-out / SFT / RL split (the same for every run)",
+    "eval_every": "also write generations every N updates (0: only after the last)",
+    "reward_weights": "weights of ROUGE-L, semantic similarity and non-profanity in the reward",
+}

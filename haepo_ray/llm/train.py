@@ -38,7 +38,6 @@ and a run restored from a checkpoint (:meth:`LLMRun.save`) continues exactly. Th
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -55,7 +54,8 @@ from haepo_ray.llm.data import Example, format_prompt, load_examples, split_exam
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import backward, effective_num_trajectories, group_loss
+from haepo_ray.llm.objectives import chunks, effective_num_trajectories, gold_first, group_loss, rows_per_prompt
+from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import (
     Batch,
@@ -64,11 +64,10 @@ from haepo_ray.llm.rollout import (
     generate,
     sample_groups,
     sequence_logp,
-    token_stats,
 )
-from haepo_ray.llm.settings import DTYPES, LLMTrainSettings
+from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["DTYPES", "LLMRun", "LLMTrainSettings", "train"]
+__all__ = ["LLMRun", "LLMTrainSettings", "train"]
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -83,11 +82,6 @@ def _cycle(examples: Sequence[Example], rng: random.Random) -> Iterator[Example]
         order = list(examples)
         rng.shuffle(order)
         yield from order
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    size = size if size > 0 else n
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 class _Writer:
@@ -138,17 +132,21 @@ class LLMRun:
             (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
         torch.manual_seed(settings.seed)
         self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.split_seed)
-        self.model, self.tokenizer = load_model(
+        model, self.tokenizer = load_model(
             settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
-            seed=settings.seed, dtype=DTYPES[settings.dtype])
-        self.model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
+            seed=settings.seed, dtype=torch_dtype(settings.dtype))
+        model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
+        self.policy = Policy(model, settings, world)
         self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
         summary_metrics(["warm up"], ["warm up"])  # loads the encoder and scorers outside the timed updates
         self.callback = callback
         self.writer = _Writer(self.out if world.is_main else None, callback)
-        self.reference: Any = None
-        self.optimizer: torch.optim.Optimizer | None = None
         self.update = 0  # RL updates done
+
+    @property
+    def model(self) -> Any:
+        """The trained model (with its LoRA adapter, if any)."""
+        return self.policy.model
 
     # ------------------------------------------------------------------ SFT
 
@@ -157,7 +155,7 @@ class LLMRun:
         model is frozen as the reference policy and the RL optimiser is made."""
         s, world = self.settings, self.world
         steps = math.ceil(s.sft_examples / s.sft_batch)
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=s.sft_lr) if steps else None
+        self.policy.start_sft()
         stream = _cycle(self.splits.sft, random.Random(s.seed))
         for step in range(1, steps + 1):
             start = time.perf_counter()
@@ -167,23 +165,11 @@ class LLMRun:
                 self.tokenizer, [format_prompt(e, self.tokenizer, s.max_source_words) for e in mine],
                 [e.reference for e in mine]).to(s.device) if mine else None
             tokens, = world.sum([batch.completion_mask.sum().item() if batch else 0], s.device)
-            local_loss = 0.0
-            if batch is not None:
-                logp, _ = token_stats(self.model, batch)
-                loss = -logp.sum() / tokens
-                loss.backward()
-                local_loss = loss.item()
-            world.sum_gradients(self.model.parameters())
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            local_loss = self.policy.sft_step(batch, tokens).item()
             loss_value, = world.sum([local_loss], s.device)
             elapsed, = world.max([time.perf_counter() - start], s.device)
             self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
-        self._start_rl()
-
-    def _start_rl(self) -> None:
-        self.reference = copy.deepcopy(self.model).requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.settings.lr)
+        self.policy.start_rl()
 
     # ------------------------------------------------------------------ RL
 
@@ -220,25 +206,21 @@ class LLMRun:
                 temperature=s.temperature)
         group_examples = [e for e in local for _ in range(s.group_size)]
         rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
-        if s.algo == "DPO":  # per prompt: [gold, samples], gold preferred to every sample
+        if s.algo == "DPO":  # per prompt: [gold, its samples], gold preferred to every sample
             gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
             gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
-            batch = concat_batches([gold, samples], tokenizer.pad_token_id)
-            returns = torch.cat([torch.ones(len(gold), device=s.device), torch.zeros(len(samples), device=s.device)])
-            sample_rows = slice(len(gold), None)
+            wide = concat_batches([gold, samples], tokenizer.pad_token_id)
+            batch = wide.rows(gold_first(len(gold), s.group_size).to(s.device))
+            sample_rows = torch.arange(len(batch), device=s.device) % (s.group_size + 1) != 0
+            returns = (~sample_rows).to(rewards.dtype)
         else:
-            batch, returns, sample_rows = samples, rewards, slice(None)
-        with peaks.phase("reference"), torch.no_grad():
-            ref_logp = torch.cat([token_stats(self.reference, batch.rows(c))[0]
-                                  for c in _chunks(len(batch), s.micro_batch_size)])
-        local_loss = group_loss(objective, batch, returns, ref_logp)
-        with peaks.phase("forward_backward"):
-            loss, logp = backward(self.model, batch, lambda lp, ent: share * local_loss(lp, ent),
-                                  micro_batch_size=s.micro_batch_size, with_entropy=s.algo == "GRPO")
-            world.sum_gradients(self.model.parameters())
-        with peaks.phase("optimizer"):
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            batch, returns = samples, rewards
+            sample_rows = torch.ones(len(batch), dtype=torch.bool, device=s.device)
+        group_rows = rows_per_prompt(objective, s.group_size)
+        with peaks.phase("reference"):
+            ref_logp = self.policy.reference_logp(batch)
+        local_loss = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
+        loss, logp = self.policy.update(batch, lambda lp, ent: share * local_loss(lp, ent), phase=peaks.phase)
         elapsed = time.perf_counter() - start
 
         sampled: Batch = batch.rows(sample_rows)
@@ -248,7 +230,8 @@ class LLMRun:
             "reward_mean": rewards.mean().item(),
             **summary_metrics(texts, [e.reference for e in group_examples]),
             "completion_length": mask.sum(1).float().mean().item(),
-            "effective_num_trajectories": effective_num_trajectories(objective, sampled, logp[sample_rows]),
+            "effective_num_trajectories": effective_num_trajectories(objective, sampled, logp[sample_rows],
+                                                                     group_rows=s.group_size),
             "kl": kl.item(),
         }
         totals = world.sum([share * v for v in means.values()] + [loss.item()], s.device)
@@ -266,7 +249,7 @@ class LLMRun:
         if not self.world.is_main:
             return
         s, tokenizer = self.settings, self.tokenizer
-        for c in _chunks(len(self.splits.eval), s.batch_prompts):
+        for c in chunks(len(self.splits.eval), s.batch_prompts):
             chosen = self.splits.eval[c]
             prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in chosen]
             _, texts = generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
@@ -285,9 +268,8 @@ class LLMRun:
         no RNG state: its seeds are (seed, update, position)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        state = {"update": self.update, "model": self.model.state_dict()}
-        if not final:
-            state |= {"reference": self.reference.state_dict(), "optimizer": self.optimizer.state_dict()}
+        policy = self.policy.state_dict()
+        state = {"update": self.update, **({"model": policy["model"]} if final else policy)}
         torch.save(state, folder / STATE_FILE)
         for name in (METRICS_FILE, GENERATIONS_FILE, CONFIG_FILE):
             shutil.copyfile(self.out / name, folder / name)
@@ -297,12 +279,9 @@ class LLMRun:
         follows the saved one; the output files are the saved ones."""
         folder = Path(folder)
         state = torch.load(folder / STATE_FILE, map_location=self.settings.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
-        self._start_rl()
-        if "optimizer" in state:
-            self.reference.load_state_dict(state["reference"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        elif state["update"] != self.settings.rl_updates:
+        self.policy.start_rl()  # the saved policy's structure (with LoRA: the RL adapter)
+        self.policy.load_state_dict(state)
+        if "optimizer" not in state and state["update"] != self.settings.rl_updates:
             raise ValueError(f"{folder}: a final checkpoint (no optimiser) at update {state['update']}, "
                              f"but the run has {self.settings.rl_updates} updates")
         self.update = state["update"]

@@ -1,0 +1,161 @@
+"""The model a run trains, its frozen reference and its optimiser, and the steps that use them.
+
+:class:`~haepo_ray.llm.train.LLMRun` and the memory simulator (:mod:`haepo_ray.llm.capacity`)
+run the same steps through a :class:`Policy`: one SFT step (:meth:`Policy.sft_step`), the
+reference pass (:meth:`Policy.reference_logp`) and the RL update (:meth:`Policy.update`).
+
+Memory savers, each a setting of :class:`~haepo_ray.llm.settings.LLMTrainSettings`:
+
+- ``lora_r > 0``: LoRA adapters through ``peft`` on ``lora_target_modules``; only adapter
+  parameters train. SFT trains an adapter that is then merged into the base weights (the SFT
+  checkpoint), and RL trains a fresh adapter; the reference policy is the same model with its
+  adapter disabled, so no second copy of the weights is held.
+- ``gradient_checkpointing``: each decoder layer's activations are recomputed in the backward
+  pass (transformers' activation checkpointing, non-reentrant). Transformers checkpoints a
+  layer only in training mode; the run keeps its model in eval mode (no dropout: the
+  micro-batched backward re-runs the same forward), so only the decoder layers' own flag is
+  set to training, never their sub-modules'.
+- ``micro_batch_size`` (:func:`~haepo_ray.llm.objectives.backward`) and ``dtype``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from haepo_ray.llm.distributed import World
+from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks
+from haepo_ray.llm.rollout import Batch, token_stats
+from haepo_ray.llm.settings import LLMTrainSettings
+
+__all__ = ["Phase", "Policy", "no_phase"]
+
+Phase = Callable[[str], contextlib.AbstractContextManager[None]]  # phase name -> context
+
+
+def no_phase(name: str) -> contextlib.AbstractContextManager[None]:
+    """A :data:`Phase` that records nothing."""
+    return contextlib.nullcontext()
+
+
+def _checkpoint_layers(model: Any) -> None:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.activation_checkpointing_enable()  # non-reentrant
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True  # the layer's flag only: its sub-modules stay in eval mode
+
+
+def _frozen_copy(model: Any) -> Any:
+    """A copy of ``model`` that does not train, its tensors cloned by torch (``deepcopy`` of a
+    fake tensor, as in the memory simulator, copies bytes that do not exist)."""
+    memo: dict[int, Any] = {}
+    for t in model.parameters():
+        memo[id(t)] = torch.nn.Parameter(t.detach().clone(), requires_grad=False)
+    for t in model.buffers():
+        memo[id(t)] = t.detach().clone()
+    return copy.deepcopy(model, memo)
+
+
+def _with_adapter(model: Any, settings: LLMTrainSettings) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
+                        target_modules=list(settings.lora_target_modules), lora_dropout=0.0, bias="none")
+    return get_peft_model(model, config)
+
+
+class Policy:
+    """The trained model and what each phase of a run needs from it (module docstring)."""
+
+    def __init__(self, model: Any, settings: LLMTrainSettings, world: World = World()) -> None:
+        self.settings, self.world = settings, world
+        self.model = model
+        if settings.gradient_checkpointing:
+            _checkpoint_layers(model)
+        self.reference: Any = None  # a frozen copy; None with LoRA (the adapter is disabled instead)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.stats: TokenStats = token_stats  # every model pass of a step (the simulator replays repeats)
+
+    @property
+    def lora(self) -> bool:
+        return self.settings.lora_r > 0
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def start_sft(self) -> None:
+        """The SFT optimiser (of a fresh adapter with LoRA)."""
+        if self.lora:
+            self.model = _with_adapter(self.model, self.settings)
+        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.sft_lr)
+
+    def start_rl(self) -> None:
+        """Freeze the model as it is (the SFT checkpoint) as the reference; make the RL optimiser."""
+        if self.lora:
+            if hasattr(self.model, "merge_and_unload"):  # SFT's adapter becomes part of the base weights
+                self.model = self.model.merge_and_unload()
+            self.model = _with_adapter(self.model, self.settings)
+        else:
+            self.reference = _frozen_copy(self.model)
+        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.lr)
+
+    def sft_step(self, batch: Batch | None, tokens: int) -> Tensor:
+        """One supervised step: the NLL of ``batch``'s completion tokens over the ``tokens`` of
+        all workers (this worker's share of the token mean); ``None``: this worker has no rows."""
+        loss = torch.zeros(())
+        if batch is not None:
+            logp, _ = self.stats(self.model, batch, False)
+            loss = -logp.sum() / tokens
+            loss.backward()
+        self.world.sum_gradients(self.trainable())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    @contextlib.contextmanager
+    def _reference_model(self) -> Iterator[Any]:
+        if self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            yield self.reference
+
+    @torch.no_grad()
+    def reference_logp(self, batch: Batch) -> Tensor:
+        """The reference policy's token log-probs of ``batch``, ``micro_batch_size`` rows at a time."""
+        with self._reference_model() as reference:
+            return torch.cat([self.stats(reference, batch.rows(c), False)[0]
+                              for c in chunks(len(batch), self.settings.micro_batch_size)])
+
+    def update(self, batch: Batch, loss_fn: TokenLoss, *, phase: Phase = no_phase) -> tuple[Tensor, Tensor]:
+        """Back-propagate ``loss_fn`` and take the optimiser step: (loss, token log-probs), detached."""
+        with phase("forward_backward"):
+            loss, logp = backward(self.model, batch, loss_fn, micro_batch_size=self.settings.micro_batch_size,
+                                  with_entropy=self.settings.algo == "GRPO", stats=self.stats)
+            self.world.sum_gradients(self.trainable())
+        with phase("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss, logp
+
+    def state_dict(self) -> dict[str, Any]:
+        """Policy, optimiser and (without LoRA) reference: what a checkpoint restores."""
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (or a final checkpoint's policy alone) into an RL-ready policy."""
+        self.model.load_state_dict(state["model"])
+        if "optimizer" in state:
+            if self.reference is not None:
+                self.reference.load_state_dict(state["reference"])
+            self.optimizer.load_state_dict(state["optimizer"])

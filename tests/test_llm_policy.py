@@ -1,0 +1,91 @@
+"""The memory savers of a language-model run (haepo_ray.llm.policy) on real tensors: gradient
+checkpointing recomputes and changes no gradient; LoRA trains only its adapter, holds one copy
+of the base weights, and its reference is the model with the adapter switched off."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from haepo_ray.llm.objectives import backward, group_loss
+from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.rollout import token_stats
+from haepo_ray.llm.settings import LLMTrainSettings
+from helpers import RETURNS, group_batch
+
+
+def _settings(algo: str = "HAEPO", **savers) -> LLMTrainSettings:
+    return LLMTrainSettings(algo=algo, model="tiny", dtype="float64", lr=1e-2, sft_lr=1e-2, micro_batch_size=0,
+                            **savers)
+
+
+def _rl_policy(model, settings: LLMTrainSettings) -> Policy:
+    policy = Policy(copy.deepcopy(model), settings)
+    policy.start_sft()
+    policy.start_rl()
+    return policy
+
+
+def _layer_runs(model) -> list[int]:
+    """Runs of the decoder layers' first norm. A checkpointed layer's recomputation calls its
+    forward directly (no hook of the layer fires) and stops once the saved tensors are rebuilt
+    (a sub-module's post-forward hook may not fire): a pre-hook of its first sub-module counts."""
+    calls = [0]
+    for layer in model.model.layers:
+        layer.input_layernorm.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("algo", ["HAEPO", "GRPO", "DPO"])
+def test_gradient_checkpointing_recomputes_and_leaves_the_gradients_unchanged(tiny_lm, algo):
+    model, tokenizer = tiny_lm
+    batch = group_batch(tokenizer)
+    grads, calls = [], []
+    for checkpointing in (False, True):
+        policy = _rl_policy(model, _settings(algo, gradient_checkpointing=checkpointing))
+        with torch.no_grad():
+            ref = token_stats(model, batch)[0] * 1.1
+        loss_fn = group_loss(policy.settings.objective(), batch, RETURNS[algo], ref, group_rows=3)
+        calls.append(_layer_runs(policy.model))
+        backward(policy.model, batch, loss_fn, micro_batch_size=0, with_entropy=algo == "GRPO")
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
+    assert grads[0].abs().max() > 1e-4
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=0)
+    layers = len(model.model.layers)
+    assert calls[0] == [layers] and calls[1] == [2 * layers]  # each layer's forward runs again in the backward
+
+
+def test_lora_trains_only_its_adapter_and_refers_to_the_weights_without_it(tiny_lm):
+    model, tokenizer = tiny_lm
+    batch = group_batch(tokenizer)
+    settings = _settings(lora_r=2)
+    policy = Policy(copy.deepcopy(model), settings)
+    policy.start_sft()
+    policy.sft_step(batch, int(batch.completion_mask.sum()))
+    policy.start_rl()  # SFT's adapter merged into the weights; a fresh adapter for RL
+    base = policy.model.get_base_model()
+    sft_weights = {name: p.detach().clone() for name, p in base.named_parameters() if "lora_" not in name}
+    assert not torch.equal(sft_weights["model.layers.0.self_attn.q_proj.base_layer.weight"],
+                           dict(model.named_parameters())["model.layers.0.self_attn.q_proj.weight"])
+    assert all("lora_" in name for name, p in policy.model.named_parameters() if p.requires_grad)
+
+    ref_before = policy.reference_logp(batch)
+    loss_fn = group_loss(settings.objective(), batch, RETURNS["HAEPO"], ref_before, group_rows=3)
+    adapters = {name: p.detach().clone() for name, p in policy.model.named_parameters() if p.requires_grad}
+    for _ in range(2):
+        policy.update(batch, loss_fn)
+    for name, p in base.named_parameters():
+        if "lora_" in name:
+            continue
+        assert torch.equal(p, sft_weights[name]), name  # the base weights never train
+    assert all(not torch.equal(p, adapters[name]) for name, p in policy.model.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        policy_logp = token_stats(policy.model, batch)[0]
+    assert not torch.allclose(policy_logp, ref_before)  # the adapter changed the policy ...
+    torch.testing.assert_close(policy.reference_logp(batch), ref_before, rtol=0, atol=0)  # ... not the reference
+    # One copy of the base weights: the reference is the same model, its adapter switched off.
+    assert policy.reference is None
+    storages = {p.untyped_storage().data_ptr() for _, p in policy.model.named_parameters()}
+    assert len(storages) == len(list(policy.model.parameters()))
