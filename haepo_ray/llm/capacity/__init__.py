@@ -1,0 +1,10 @@
+"""A language-model trial's GPU memory and time, simulated on a CPU before it is launched.
+
+Rooms: :mod:`~.model_configs` (a model's architecture by name, offline; ``configs/``),
+:mod:`~.steps` (a trial's phases, the script both sides run), :mod:`~.simulate` (the step on
+fake tensors) with :mod:`~.tracker` (live bytes by category, FLOPs) and :mod:`~.replay`
+(repeated micro-batch passes), :mod:`~.measure` (the real step on this CPU, under PyTorch's
+profiler: what the simulator is validated against), :mod:`~.estimate` (a trial's estimate,
+cached), :mod:`~.accelerators` (GPUs and a time model). The command line is ``haepo llm
+memory`` (:mod:`haepo_ray.cli.llm_memory`).
+"""

@@ -1,0 +1,95 @@
+"""The real step on this machine's CPU, measured without the simulator: each phase's peak of live bytes.
+
+:func:`measure` builds the model from its config with real (random) weights and runs the
+same script as the simulator (:func:`~haepo_ray.llm.capacity.steps.run_steps`), sampling with
+the trial's own :func:`~haepo_ray.llm.rollout.sample_completions` (transformers' ``generate``;
+the settings must have ``min_new_tokens = max_new_tokens``, so that every completion runs to
+its end, as the simulator assumes), all under PyTorch's profiler with ``profile_memory=True``. The profiler reports
+every allocation and free of PyTorch's CPU allocator with its time and size, from before the
+model exists; their running sum is the live bytes at every moment, and each phase's window
+(a ``record_function`` range) gives its peak and the bytes live when it began. Unlike the
+simulator it sees what kernels allocate inside an op, and nothing of its accounting.
+
+The profiler's raw event list (``prof.profiler.kineto_results``) is a private attribute: the
+public ``events()`` folds allocations into the ops that made them and loses their order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from haepo_ray.llm.capacity.steps import Shapes, group_sampling, run_steps
+from haepo_ray.llm.rollout import sample_completions
+from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
+
+__all__ = ["MeasuredPhase", "measure"]
+
+_PREFIX = "haepo.phase."
+
+
+@dataclass(frozen=True)
+class MeasuredPhase:
+    """A phase's peak of live bytes and the live bytes when it began."""
+
+    peak_bytes: int
+    start_bytes: int
+
+
+class _Marks:
+    """The :class:`~haepo_ray.llm.capacity.steps.Recorder` of a profiled run: phases as ranges."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return record_function(_PREFIX + name)
+
+    def category(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def track_module(self, module: Any) -> None:
+        pass
+
+
+def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int) -> None:
+    rows = settings.group_size
+    sample_completions(model, torch.zeros(rows, prompt_tokens, dtype=torch.long),
+                       torch.ones(rows, prompt_tokens, dtype=torch.long), **group_sampling(model, settings))
+
+
+def _phase_peaks(events: list[Any]) -> dict[str, MeasuredPhase]:
+    cpu = torch.autograd.DeviceType.CPU
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == cpu)
+    times = [t for t, _ in memory]
+    live = list(itertools.accumulate(n for _, n in memory))
+    peaks: dict[str, MeasuredPhase] = {}
+    for e in events:
+        if not e.name().startswith(_PREFIX):
+            continue
+        name = e.name()[len(_PREFIX):]
+        first = next(i for i, t in enumerate(times) if t >= e.start_ns())
+        last = next((i for i, t in enumerate(times) if t > e.end_ns()), len(times))
+        start = live[first - 1] if first else 0
+        phase = MeasuredPhase(max([start, *live[first:last]]), start)
+        if name not in peaks or phase.peak_bytes > peaks[name].peak_bytes:
+            peaks[name] = phase
+    return peaks
+
+
+def measure(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[str, MeasuredPhase]:
+    """Each phase's measured peak of a trial with ``settings`` on a random model of ``config``,
+    on the CPU (module docstring)."""
+    from transformers import AutoModelForCausalLM
+
+    if settings.min_new_tokens != settings.max_new_tokens:
+        raise ValueError(f"the measured step needs completions of a known length: min_new_tokens "
+                         f"({settings.min_new_tokens}) must equal max_new_tokens ({settings.max_new_tokens})")
+    settings = dataclasses.replace(settings, device="cpu")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+        run_steps(model, settings, shapes, _Marks(), lambda m: _generate(m, settings, shapes.prompt_tokens))
+    return _phase_peaks(prof.profiler.kineto_results.events())

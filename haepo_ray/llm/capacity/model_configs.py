@@ -1,0 +1,62 @@
+"""A model's architecture (a transformers config, no weights) from its name, offline.
+
+- ``"tiny"``: the tiny test model's (:func:`haepo_ray.llm.models.tiny_config`);
+- a name of :data:`BUNDLED` (the paper's two models, their instruct variants and SmolLM2), or
+  its Hugging Face Hub name: a config file shipped in ``configs/`` (its README says where each
+  file's numbers come from);
+- a local folder with a ``config.json``, or any other Hub name (from the local Hugging Face
+  cache when ``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUNDLED", "model_config"]
+
+_FOLDER = Path(__file__).with_name("configs")
+BUNDLED: tuple[str, ...] = tuple(sorted(p.stem for p in _FOLDER.glob("*.json")))
+_HUB_NAMES = {  # a trial's ``model`` may be the Hub name of a bundled config
+    "Qwen/Qwen2.5-1.5B": "qwen2.5-1.5b",
+    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b-instruct",
+    "meta-llama/Llama-3.2-1B": "llama-3.2-1b",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b-instruct",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2",
+}
+
+
+def _bundled(name: str) -> Any:
+    from transformers import AutoConfig
+
+    values = json.loads((_FOLDER / f"{name}.json").read_text())
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def model_config(name: str) -> Any:
+    """The transformers config of model ``name`` (module docstring); ValueError if there is none."""
+    if name == "tiny":
+        from haepo_ray.llm.models import tiny_config
+
+        return tiny_config()
+    bundled = _HUB_NAMES.get(name, name.lower())
+    if bundled in BUNDLED:
+        return _bundled(bundled)
+    from transformers import AutoConfig
+
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ValueError(f"model {name!r}: the folder has no config.json")
+        return AutoConfig.from_pretrained(local, local_files_only=True)
+    unknown = f"model {name!r} is unknown: not one of {('tiny', *BUNDLED)}, not a local folder with a config.json"
+    if "/" not in name:  # not a Hub repository id ("owner/name")
+        raise ValueError(f"{unknown}, not a Hugging Face Hub name (owner/name)")
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=offline)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{unknown}, and the Hugging Face Hub did not provide its config "
+                         f"({str(err).splitlines()[0]})") from None

@@ -1,0 +1,223 @@
+"""One language-model trial's steps on fake tensors: peak memory and FLOPs per phase.
+
+:func:`simulate` builds the model from its config under ``FakeTensorMode`` (shapes, dtypes,
+no storage: no weights, no download, no GPU) and runs the trial's phases
+(:func:`~haepo_ray.llm.capacity.steps.run_steps`: the trial's own ``Policy``, ``group_loss``,
+``backward`` and optimiser), counted by :class:`~haepo_ray.llm.capacity.tracker.LiveBytes`.
+Input checks that need values (NaN, empty completions, the groups' layout) are skipped on
+fake tensors (:func:`haepo_ray.loss.is_fake`) and run in every real trial.
+
+Generation. Transformers' ``generate`` stops on EOS, a choice made from values, so it cannot
+run on fake tensors; :func:`_generate` runs the same forward passes and KV cache for a group
+whose every completion runs to ``max_new_tokens``, n tokens after a prompt of P: the prefill,
+the first decode step (context P + 1) and the last (context P + n - 1, on a cache grown to
+P + n - 2). Memory grows with the context (the cache, the attention row), so the last step's
+peak is every decode step's bound; a step's FLOPs are affine in its context, so the n - 1
+decode steps make (n - 1)(first + last) / 2. Generation's FLOPs are for all ``batch_prompts``
+groups of an update, its peak for one (a trial samples one prompt at a time).
+
+``target="cuda"`` counts as CUDA's caching allocator does (512-byte blocks) and runs attention
+through the kernel CUDA's ``scaled_dot_product_attention`` picks on an A100/H100 for these
+inputs (memory-efficient attention: the batch's padding mask rules out flash attention);
+``target="cpu"`` counts bytes exactly and keeps PyTorch's CPU kernels: the form the real step is
+measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from haepo_ray.llm.capacity.replay import ReplayedStats
+from haepo_ray.llm.capacity.steps import PHASES, RL_PHASES, Shapes, group_sampling, run_steps
+from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
+from haepo_ray.llm.rollout import sampling_kwargs, token_stats
+from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
+
+__all__ = ["TARGETS", "StepEstimate", "simulate"]
+
+TARGETS = {"cuda": 512, "cpu": 1}  # target -> allocation block in bytes
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Peak live bytes and FLOPs per phase of one trial's steps (:data:`~.steps.PHASES`)."""
+
+    algo: str
+    target: str
+    parameters: int  # the model's (without adapters)
+    weight_bytes: int  # of those parameters
+    trainable: int  # parameters the RL optimiser updates
+    phases: dict[str, PhasePeak]
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda p: self.phases[p].peak_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.phases[self.peak_phase].peak_bytes
+
+    @property
+    def update_flops(self) -> int:
+        """FLOPs of one RL update (generation of every prompt, reference pass, update)."""
+        return sum(self.phases[p].flops for p in RL_PHASES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"algo": self.algo, "target": self.target, "parameters": self.parameters,
+                "weight_bytes": self.weight_bytes, "trainable": self.trainable, "peak_phase": self.peak_phase, "peak_bytes": self.peak_bytes,
+                "update_flops": self.update_flops,
+                "phases": {name: dataclasses.asdict(p) for name, p in self.phases.items()}}
+
+
+def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``scaled_dot_product_attention`` as CUDA runs it (sm80+): flash attention without a mask
+    in half precision, else memory-efficient attention on an additive mask (a bool mask is
+    converted, as PyTorch does)."""
+    if enable_gqa:
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attn_mask, float("-inf"))
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(*query.shape[:-2], query.shape[-2], key.shape[-2])
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
+
+
+@contextlib.contextmanager
+def _attention(target: str) -> Iterator[None]:
+    if target != "cuda":
+        yield
+        return
+    original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = _cuda_sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def _fake_mode() -> FakeTensorMode:
+    """A ``FakeTensorMode`` whose converter keeps no weak reference to the tensors it makes.
+
+    ``Module._apply`` (``.to()``, as peft calls it on every new adapter) swaps a fake
+    parameter for its converted self, which a weak reference forbids; the converter memoises
+    the fake tensor of each fresh meta tensor, a memo that is never read for these (their meta
+    tensor is gone once made). A private method, overridden on this instance only."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.fake_tensor_converter.set_tensor_memo = lambda tensor, fake: None
+    return mode
+
+
+def _tracked_cache(model: Any, tracker: LiveBytes) -> Any:
+    """A ``DynamicCache`` whose tensors count as ``kv_cache``."""
+    from transformers import DynamicCache
+
+    class TrackedCache(DynamicCache):
+        def update(self, *args: Any, **kwargs: Any) -> Any:
+            with tracker.category("kv_cache"):
+                return super().update(*args, **kwargs)
+
+    return TrackedCache(config=model.config)
+
+
+def _logits_processors(model: Any, sampling: dict[str, Any], prompt_ids: torch.Tensor) -> Any:
+    """The logits processors transformers' ``generate`` makes for ``sampling``
+    (:func:`~haepo_ray.llm.rollout.sampling_kwargs`): its own private builders, called as
+    ``generate`` calls them, since each processor's tensors count."""
+    from transformers import LogitsProcessorList
+
+    config, model_kwargs = model._prepare_generation_config(None, **sampling_kwargs(**sampling))
+    model._prepare_special_tokens(config, True, device=prompt_ids.device, batch_size=len(prompt_ids))
+    # min_new_tokens becomes a min_length (and max_new_tokens a max_length) as in generate
+    config = model._prepare_generated_length(
+        generation_config=config, has_default_max_length=model.generation_config.max_length is None,
+        has_default_min_length=model.generation_config.min_length is None, model_input_name="input_ids",
+        input_ids_length=prompt_ids.shape[1], inputs_tensor=prompt_ids)
+    # (encoder_input_ids only serve encoder processors, which a decoder-only trial has not; they
+    # are checked by value)
+    return model._get_logits_processor(generation_config=config, input_ids_seq_length=prompt_ids.shape[1],
+                                       encoder_input_ids=None, logits_processor=LogitsProcessorList(),
+                                       device=prompt_ids.device, model_kwargs=model_kwargs)
+
+
+@torch.no_grad()
+def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracker: LiveBytes) -> None:
+    """One group's sampling with the KV cache, as the module docstring says: each step as
+    transformers' ``_sample`` takes it (float32 logits, processors, softmax, multinomial), its
+    loop variables alive from one step until the next reassigns them."""
+    rows, n = settings.group_size, settings.max_new_tokens
+    sampling = group_sampling(model, settings)
+    cache = _tracked_cache(model, tracker)
+    loop = SimpleNamespace(input_ids=torch.zeros(rows, prompt_tokens, dtype=torch.long))  # the rows so far
+    processors = _logits_processors(model, sampling, loop.input_ids)
+    unfinished = torch.ones(rows, dtype=torch.long)
+
+    def step(ids: torch.Tensor) -> None:
+        mask = torch.ones(loop.input_ids.shape, dtype=torch.long)
+        logits = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1).logits
+        loop.next_token_logits = logits[:, -1].to(copy=True, dtype=torch.float32)
+        loop.next_token_scores = processors(loop.input_ids, loop.next_token_logits)
+        loop.probs = torch.softmax(loop.next_token_scores, dim=-1)
+        next_tokens = torch.multinomial(loop.probs, num_samples=1).squeeze(1)
+        loop.next_tokens = next_tokens * unfinished + sampling["pad_token_id"] * (1 - unfinished)
+        loop.input_ids = torch.cat([loop.input_ids, loop.next_tokens[:, None]], dim=-1)
+
+    step(loop.input_ids)  # the prefill
+    if n == 1:
+        return
+    with tracker.watermark() as first:
+        step(loop.next_tokens[:, None])
+    if n == 2:
+        return
+    with tracker.category("kv_cache"):  # the cache before the last step: P + n - 2 positions
+        for layer in cache.layers:
+            layer.keys = layer.keys.new_zeros(*layer.keys.shape[:-2], prompt_tokens + n - 2, layer.keys.shape[-1])
+            layer.values = layer.values.new_zeros(*layer.values.shape[:-2], prompt_tokens + n - 2,
+                                                  layer.values.shape[-1])
+    loop.input_ids = loop.input_ids.new_zeros(rows, prompt_tokens + n - 1)
+    with tracker.watermark() as last:
+        step(loop.next_tokens[:, None])
+    tracker.add_flops((n - 1) * (first.flops + last.flops) // 2 - first.flops - last.flops)
+
+
+def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target: str = "cuda",
+             replay: bool = True) -> StepEstimate:
+    """Peak memory and FLOPs of each phase of a trial with ``settings`` on the model ``config``
+    (a transformers config), prompts and completions as ``shapes`` say, on ``target``
+    (``"cuda"`` or ``"cpu"``); module docstring. ``replay``: repeated micro-batch passes are
+    replayed (:mod:`~haepo_ray.llm.capacity.replay`), not run."""
+    from transformers import AutoModelForCausalLM
+
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
+    settings = dataclasses.replace(settings, device="cpu")
+    tracker = LiveBytes(TARGETS[target])
+    with _fake_mode(), _attention(target), tracker:
+        with tracker.category("parameters"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+        parameters = sum(p.numel() for p in model.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        stats = ReplayedStats(tracker) if replay else token_stats
+        policy = run_steps(model, settings, shapes, tracker,
+                           lambda m: _generate(m, settings, shapes.prompt_tokens, tracker), stats)
+        if replay:
+            stats.close()
+        trainable = sum(p.numel() for p in policy.trainable())
+    peaks = dict(tracker.peaks)
+    generation = peaks["generation"]  # one prompt's group was run; the update samples batch_prompts groups
+    peaks["generation"] = dataclasses.replace(generation, flops=generation.flops * settings.batch_prompts)
+    return StepEstimate(settings.algo, target, parameters, weight_bytes, trainable, {p: peaks[p] for p in PHASES})

@@ -1,0 +1,122 @@
+"""The phases of one language-model trial, in order, through the trial's own code.
+
+:func:`run_steps` is the script that the simulator (:mod:`~haepo_ray.llm.capacity.simulate`,
+on fake tensors) and the measurement (:mod:`~haepo_ray.llm.capacity.measure`, on real ones)
+both run, so what is simulated is what is measured: a :class:`~haepo_ray.llm.policy.Policy`
+of the model with the trial's settings, then
+
+- ``sft``: one supervised step of ``sft_batch`` rows (:meth:`Policy.sft_step`);
+- ``generation``: sampling one prompt's group (``group_size`` rows, as a trial samples one
+  prompt at a time), by the caller's ``generate``;
+- ``reference``, ``forward_backward``, ``optimizer``: the RL update of ``batch_prompts``
+  prompts (DPO: the gold summary and ``group_size`` samples per prompt) through
+  :meth:`Policy.reference_logp`, :func:`~haepo_ray.llm.objectives.group_loss` and
+  :meth:`Policy.update`.
+
+Both optimisers are in their steady state: AdamW's moments exist before the step, as from a
+run's second step on (:func:`_warm`). Every prompt is ``prompt_tokens`` long, every completion
+and gold summary ``completion_tokens`` (the worst case: every completion runs to
+``max_new_tokens``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from haepo_ray.llm.objectives import TokenStats, group_loss, rows_per_prompt
+from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.rollout import Batch, token_stats
+from haepo_ray.llm.settings import LLMTrainSettings
+
+__all__ = ["PHASES", "RL_PHASES", "Recorder", "Shapes", "group_sampling", "run_steps", "token_batch"]
+
+PHASES: tuple[str, ...] = ("sft", "generation", "reference", "forward_backward", "optimizer")
+RL_PHASES: tuple[str, ...] = PHASES[1:]  # one RL update
+
+
+class Recorder(Protocol):
+    """What :func:`run_steps` tells its observer: phases, what is being made, the modules."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def category(self, name: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def track_module(self, module: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Token lengths of the simulated or measured step."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.completion_tokens < 1:
+            raise ValueError(f"prompt and completion lengths must be >= 1 token, got {self.prompt_tokens}, "
+                             f"{self.completion_tokens}")
+
+
+def token_batch(rows: int, group_rows: int, shapes: Shapes) -> Batch:
+    """``rows`` full-length rows in groups of ``group_rows`` per prompt (token ids 0)."""
+    width = shapes.prompt_tokens + shapes.completion_tokens
+    return Batch(input_ids=torch.zeros(rows, width, dtype=torch.long),
+                 attention_mask=torch.ones(rows, width, dtype=torch.long),
+                 completion_mask=torch.ones(rows, shapes.completion_tokens, dtype=torch.bool),
+                 prompt_index=torch.arange(rows // group_rows).repeat_interleave(group_rows))
+
+
+def group_sampling(model: Any, settings: LLMTrainSettings) -> dict[str, Any]:
+    """:func:`~haepo_ray.llm.rollout.sampling_kwargs`' arguments for one group of a trial."""
+    eos = model.config.eos_token_id
+    return {"eos_token_id": [eos] if isinstance(eos, int) else list(eos), "pad_token_id": model.config.pad_token_id or 0,
+            "max_new_tokens": settings.max_new_tokens, "min_new_tokens": settings.min_new_tokens,
+            "temperature": settings.temperature}
+
+
+def _warm(policy: Policy, recorder: Recorder) -> None:
+    """One optimiser step on zero gradients: AdamW's moments exist, as in the steady state."""
+    with recorder.category("optimizer"):
+        for p in policy.trainable():
+            p.grad = torch.zeros_like(p)
+        policy.optimizer.step()
+        policy.optimizer.zero_grad(set_to_none=True)
+
+
+def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: Recorder,
+              generate: Callable[[Any], None], stats: TokenStats = token_stats) -> Policy:
+    """Run the phases of the module docstring on ``model`` (on the CPU); ``generate(model)``
+    samples one group, ``stats`` runs the policy's model passes. Returns the policy after the
+    RL update."""
+    with recorder.category("parameters"):
+        policy = Policy(model, settings)
+        policy.stats = stats
+        policy.start_sft()
+    recorder.track_module(policy.model)
+    _warm(policy, recorder)
+    with recorder.phase("sft"):
+        rows = settings.sft_batch
+        policy.sft_step(token_batch(rows, 1, shapes), rows * shapes.completion_tokens)
+
+    with recorder.category("parameters"):
+        policy.start_rl()
+    recorder.track_module(policy.model)
+    _warm(policy, recorder)
+    with recorder.phase("generation"):
+        generate(policy.model)
+    objective = settings.objective()
+    group_rows = rows_per_prompt(objective, settings.group_size)
+    batch = token_batch(settings.batch_prompts * group_rows, group_rows, shapes)
+    with recorder.phase("reference"):
+        ref_logp = policy.reference_logp(batch)
+    # Rewards as a trial has them: distinct per sample; DPO's gold (each group's first row) preferred.
+    row = torch.arange(len(batch))
+    returns = (row % group_rows == 0).float() if settings.algo == "DPO" else row.float()
+    loss_fn = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
+    policy.update(batch, loss_fn, phase=recorder.phase)
+    return policy
