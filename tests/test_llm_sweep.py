@@ -29,6 +29,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from haepo_ray import names
+from haepo_ray.sweep.cluster import Cluster
+from haepo_ray.sweep.llm_fit import config_memory_key
 from haepo_ray.sweep.plan import load_plan, parse_plan
 from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.sweep.spec import SpecError
@@ -84,6 +86,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
     assert parent.data.tags[names.MODEL] == "tiny" and parent.data.params["llm/num_workers"] == "0"
     assert parent.info.status == "FINISHED"
     assert len(children) == 6
+    plan = load_plan(SMOKE).fitted(Cluster.unknown())
     seen = set()
     for child in children:
         tags, params = child.data.tags, child.data.params
@@ -91,6 +94,10 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
         assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
         seen.add((tags[names.ALGORITHM], tags[names.SEED]))
         assert params["ray_train/num_workers"] == "0" and params["rl_updates"] == str(updates)
+        # its GPU memory estimate (llm.gpu_memory_gb is set), next to the measured peaks
+        estimate = plan.fit.estimates[config_memory_key(plan.trial_config({"algorithm": params["algo"]}).__dict__)]
+        assert float(params["gpu_memory/estimated_peak_gib"]) == round(estimate.peak_gib, 3) > 0
+        assert params["gpu_memory/peak_phase"] == estimate.phase and params["gpu_memory/limit_gib"] == "40.0"
         for key in UPDATE_METRICS:
             assert update_history(client, child.info.run_id, key) == list(range(1, updates + 1)), key
         assert 0 <= child.data.metrics[names.LLM_REWARD] <= 1

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
 from haepo_ray.envs import ChainMDPEnv
-from haepo_ray.sweep.dry_run import planned_trials
+from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.plan import load_plan, parse_plan
 from haepo_ray.sweep.results import format_summary
 from haepo_ray.sweep.runner import run_sweep

@@ -4,14 +4,20 @@ refused with errors that name the file, the key and what is allowed."""
 from __future__ import annotations
 
 import io
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ray.tune.search.variant_generator import generate_variants
 
-from haepo_ray.sweep.dry_run import dry_run, planned_trials
+from haepo_ray.sweep.cluster import Cluster
+from haepo_ray.sweep.dry_run import dry_run
+from haepo_ray.sweep.llm_fit import CONFIG_KEY, check_own_fit
+from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.plan import load_plan, parse_plan
 from haepo_ray.sweep.spec import SpecError
 
@@ -246,3 +252,58 @@ def test_dry_run_names_the_trial_whose_config_is_invalid():
     }, "ppo.yaml")
     with pytest.raises(SpecError, match=r"ppo.yaml: trial 0 \{'batch_size': 8\}: `minibatch_size` \(128\)"):
         dry_run(spec, out=io.StringIO())
+
+
+def _llm_gpu_spec(**llm) -> dict:
+    """A GRPO sweep of the tiny LM on GPUs over two group sizes (trials estimated before launch)."""
+    return {
+        "name": "fit", "algorithm": "GRPO",
+        "llm": {"model": "tiny", "num_workers": 0, "use_gpu": True, "gpu_reserve_gb": 0, "prompt_tokens": 64, **llm},
+        "settings": {"sft_examples": 2, "rl_updates": 1, "batch_size": 2, "max_new_tokens": 8,
+                     "micro_batch_size": 0},
+        "search_space": {"group_size": {"grid": [2, 32]}},
+    }
+
+
+def test_dry_run_refuses_llm_trials_that_cannot_fit_their_gpu():
+    plan = parse_plan(_llm_gpu_spec(gpu_memory_gb=0.02), "fit.yaml")  # 20 MiB
+    with pytest.raises(SpecError) as err:
+        dry_run(plan, out=io.StringIO())
+    message = str(err.value)
+    assert "trial 0" not in message  # group size 2 fits
+    assert re.fullmatch(r"fit\.yaml: trial 1 \(GRPO, group_size 32\): estimated peak [\d.]+ GiB in forward_backward "
+                        r"\+ 0 GiB reserve > 0\.02 GiB \(llm\.gpu_memory_gb\); activations [\d.]+ GiB of it: try "
+                        r"micro_batch_size, gradient_checkpointing", message), message
+
+
+def test_dry_run_shows_each_trials_estimate_and_its_share_of_a_gpu():
+    plan = parse_plan(_llm_gpu_spec(gpu_memory_gb=1, gpus_per_worker="auto"), "fit.yaml")
+    out = io.StringIO()
+    dry_run(plan, out=out)
+    printed = out.getvalue()
+    assert "GPU memory: one worker's simulated peak (prompts of 64 tokens), held to 1 GiB (llm.gpu_memory_gb)" in printed
+    fitted = plan.fitted(Cluster.unknown())
+    small, large = (fitted.estimate_of({"group_size": g}) for g in (2, 32))
+    assert 0 < small.peak_gib < large.peak_gib < 1
+    shares = [fitted.trial_resources({"group_size": g})["GPU"] for g in (2, 32)]
+    assert shares == [math.ceil(100 * e.peak_gib) / 100 for e in (small, large)]  # limit 1 GiB, no reserve
+    for trial, (estimate, share) in enumerate(zip((small, large), shares)):
+        assert re.search(rf"^{trial} +{2 if trial == 0 else 32} +{estimate.peak_gib:.3g} +forward_backward +{share}",
+                         printed, re.M), printed
+    # the trials' configs carry their estimates and shares (MLflow logs them as params)
+    configs = [resolved["config"] for _, resolved in generate_variants({"config": fitted.param_space})]
+    assert [c[CONFIG_KEY]["estimated_peak_gib"] for c in configs] == [round(e.peak_gib, 3) for e in (small, large)]
+    assert [c["ray_train"]["resources_per_worker"]["GPU"] for c in configs] == shares
+
+
+def test_a_trial_whose_memory_settings_optuna_suggests_checks_itself():
+    spec = _llm_gpu_spec(gpu_memory_gb=0.02)
+    spec["search"] = {"algorithm": "optuna", "num_samples": 2}
+    spec["search_space"] = {"group_size": {"choice": [2, 32]}}
+    plan = parse_plan(spec, "fit.yaml").fitted(Cluster.unknown())
+    entry = plan.param_space[CONFIG_KEY]
+    assert "estimated_peak_gib" not in entry and entry["limit_gib"] == 0.02
+    config = {**plan.base_config, CONFIG_KEY: entry}
+    check_own_fit({**config, "group_size": 2}, workers=0)
+    with pytest.raises(ValueError, match=r"this trial cannot fit its GPU: estimated peak [\d.]+ GiB .* > 0\.02 GiB"):
+        check_own_fit({**config, "group_size": 32}, workers=0)

@@ -82,6 +82,9 @@ class Policy:
         self.reference: Any = None  # a frozen copy; None with LoRA (the adapter is disabled instead)
         self.optimizer: torch.optim.Optimizer | None = None
         self.stats: TokenStats = token_stats  # every model pass of a step (the simulator replays repeats)
+        # AdamW's implementation: None lets torch choose by device (CUDA: multi-tensor "foreach",
+        # CPU: one parameter at a time); the simulator of a CUDA step, on CPU tensors, sets True.
+        self.foreach: bool | None = None
 
     @property
     def lora(self) -> bool:
@@ -94,7 +97,7 @@ class Policy:
         """The SFT optimiser (of a fresh adapter with LoRA)."""
         if self.lora:
             self.model = _with_adapter(self.model, self.settings)
-        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.sft_lr)
+        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.sft_lr, foreach=self.foreach)
 
     def start_rl(self) -> None:
         """Freeze the model as it is (the SFT checkpoint) as the reference; make the RL optimiser."""
@@ -104,7 +107,7 @@ class Policy:
             self.model = _with_adapter(self.model, self.settings)
         else:
             self.reference = _frozen_copy(self.model)
-        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.lr)
+        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.lr, foreach=self.foreach)
 
     def sft_step(self, batch: Batch | None, tokens: int) -> Tensor:
         """One supervised step: the NLL of ``batch``'s completion tokens over the ``tokens`` of

@@ -4,39 +4,13 @@ nothing starts."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
+from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.plan import Plan
+from haepo_ray.sweep.planned import PlannedTrial, planned_trials
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tables import format_table
-
-
-@dataclass
-class PlannedTrial:
-    index: int
-    values: dict[str, Any]  # spec search-space name -> value
-
-
-def planned_trials(plan: Plan) -> list[PlannedTrial] | None:
-    """The trials a grid/random search will run, as Tune will generate them (None for
-    Optuna: it suggests as it goes). Random draws are reproduced exactly when
-    ``search.seed`` is set; without it they are examples."""
-    spec = plan.spec
-    if spec.search.algorithm == "optuna":
-        return None
-    from ray.tune.search.sample import _BackwardsCompatibleNumpyRng
-    from ray.tune.search.variant_generator import generate_variants
-
-    # What BasicVariantGenerator does: the whole config, in its order, one random state.
-    rng = _BackwardsCompatibleNumpyRng(spec.search.seed)
-    keys = {name: plan.search_keys[name] for name in spec.search_space}
-    trials: list[PlannedTrial] = []
-    for _ in range(spec.search.num_samples):
-        for _, resolved in generate_variants({"config": plan.param_space}, random_state=rng):
-            values = {name: resolved["config"][key] for name, key in keys.items()}
-            trials.append(PlannedTrial(len(trials), values))
-    return trials
 
 
 def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = None,
@@ -55,6 +29,7 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
             plan.trial_config(t.values)
         except SpecError as err:
             raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
+    plan = plan.fitted(Cluster.unknown())  # refuses language-model trials that cannot fit their GPUs
     out = out or sys.stdout
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"sweep {spec.source or spec.experiment}: {plan.title}")
@@ -73,6 +48,8 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
       f"{experiment_root(spec, experiment, storage_path)}/<run>")
     p(f"  MLflow: {resolve_tracking_uri(tracking_uri, create=False)} (experiment "
       f"{experiment or spec.experiment!r})")
+    if plan.fit_summary:
+        p(f"  {plan.fit_summary}")
     if trials is None:
         p(f"  {spec.search.num_samples} trials suggested by Optuna TPE from:")
         for name, dim in spec.search_space.items():
@@ -82,5 +59,8 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
     random = any(d.kind != "grid" for d in spec.search_space.values())
     p(f"  {len(trials)} trials" + (" (random draws: examples, set search.seed to fix them)"
                                    if random and spec.search.seed is None else "") + ":")
-    p(format_table(["trial"] + value_names, [[t.index] + [t.values[n] for n in value_names] for t in trials]))
+    columns = [plan.trial_columns(t.values) for t in trials]
+    extra = list(columns[0]) if columns else []
+    p(format_table(["trial"] + value_names + extra,
+                   [[t.index] + [t.values[n] for n in value_names] + list(c.values()) for t, c in zip(trials, columns)]))
     return trials

@@ -10,6 +10,10 @@ Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``,
 ``beta_kl``, ``seed``, ``rl_updates``, ...), ``batch_size`` for ``batch_prompts`` and, in
 ``search_space``, ``algorithm`` for ``algo``; the model and data come from ``llm``, the
 device from ``llm.use_gpu``.
+
+GPU memory: :meth:`LLMPlan.fitted` holds the plan to the cluster's GPUs before launch
+(:mod:`haepo_ray.sweep.llm_fit`); the fitted plan's trial configs carry their estimates
+(``gpu_memory``) and, with ``gpus_per_worker: auto``, their share of a GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from functools import cached_property
 from typing import Any
 
 from haepo_ray import names
+from haepo_ray.sweep.cluster import Cluster, require_gpus
+from haepo_ray.sweep.llm_fit import CONFIG_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.spec import SpecError, SweepSpec
 
 RAY_TRAIN = "ray_train"  # the trial config's key for the workers and checkpoints
@@ -43,6 +49,7 @@ class LLMPlan:
     base_config: dict[str, Any]  # the trial config before its search values
     search_keys: dict[str, str]  # spec search-space name -> trial config key
     mutations: dict[str, Any] = dataclasses.field(default_factory=dict)  # (PBT is refused)
+    fit: GPUFit | None = None  # the trials' memory estimates (fitted plans: :meth:`fitted`)
 
     @classmethod
     def resolve(cls, spec: SweepSpec) -> LLMPlan:
@@ -93,7 +100,99 @@ class LLMPlan:
         space = dict(self.base_config)
         for name, dim in self.spec.search_space.items():
             space[self.search_keys[name]] = dim.to_tune()
+        fit = self.fit
+        if fit is not None:
+            space[CONFIG_KEY] = (fit.config(None) if self._trial_estimates else
+                                 self._per_trial(fit.config))
+            if self.spec.llm.gpus_per_worker == "auto":
+                per_worker = {**space[RAY_TRAIN]["resources_per_worker"], "GPU": self._per_trial(fit.fraction)}
+                space[RAY_TRAIN] = {**space[RAY_TRAIN], "resources_per_worker": per_worker}
         return space
+
+    @property
+    def _trial_estimates(self) -> bool:
+        """Optuna searches a setting that changes memory: each trial estimates itself."""
+        from haepo_ray.llm.capacity.estimate import MEMORY_FIELDS
+
+        return self.spec.search.algorithm == "optuna" and any(k in MEMORY_FIELDS for k in self.search_keys.values())
+
+    def _per_trial(self, value_of_key):
+        """``value_of_key(memory key)`` in a trial's config: one value, or Tune's per-trial
+        ``sample_from`` when the trials' configurations differ."""
+        if len(self.fit.estimates) == 1:
+            return value_of_key(next(iter(self.fit.estimates)))
+        from ray import tune
+
+        return tune.sample_from(lambda spec: value_of_key(config_memory_key(spec.config)))
+
+    def fitted(self, cluster: Cluster) -> LLMPlan:
+        """This plan held to ``cluster``'s GPUs (:mod:`haepo_ray.sweep.llm_fit`): with
+        ``llm.use_gpu`` or ``llm.gpu_memory_gb``, each distinct trial configuration is simulated
+        once and trials that cannot fit are refused (SpecError naming each); GPU trials on a
+        local Ray without GPUs fail."""
+        spec, llm = self.spec, self.spec.llm
+        require_gpus(spec, self.trial_resources().get("GPU", 0.0), cluster)
+        if not (llm.use_gpu or llm.gpu_memory_gb):
+            return self
+        from haepo_ray.sweep.planned import PlannedTrial, planned_trials
+
+        if llm.gpu_memory_gb:
+            limit, source = llm.gpu_memory_gb, "llm.gpu_memory_gb"
+        else:
+            limit, source = cluster.gpu_memory_gib, f"Ray's GPUs, {cluster.gpu_kind}"
+        trials = planned_trials(self) or ([] if self._trial_estimates else [PlannedTrial(0, {})])
+        keys = {t.index: config_memory_key(self.trial_config(t.values, validate=False).__dict__) for t in trials}
+        try:
+            estimates = estimate_keys(dict.fromkeys(keys.values()), prompt_tokens=llm.prompt_tokens,
+                                      workers=llm.num_workers)
+        except ValueError as err:  # a model whose config cannot be found offline
+            raise SpecError(f"{spec.source or '<spec>'}: llm.model: {err}") from None
+        fit = GPUFit(limit, source, llm.gpu_reserve_gb, llm.prompt_tokens, estimates)
+        over = [f"{spec.source or '<spec>'}: trial {t.index} ({self._describe(t.values)}): {fit.refusal(keys[t.index])}"
+                for t in trials if not fit.fits(keys[t.index])]
+        if over:
+            raise SpecError("\n".join(over))
+        if llm.gpus_per_worker == "auto":
+            if limit is None:
+                raise SpecError(f"{spec.source or '<spec>'}: llm.gpus_per_worker: auto needs the GPUs' memory: set "
+                                "llm.gpu_memory_gb (Ray reports no accelerator type this sweep knows)")
+            if self._trial_estimates:
+                raise SpecError(f"{spec.source or '<spec>'}: llm.gpus_per_worker: auto cannot size trials that Optuna "
+                                "suggests with another memory setting; give a number")
+        return dataclasses.replace(self, fit=fit)
+
+    def _describe(self, values: dict[str, Any]) -> str:
+        """A trial for messages: its algorithm and search values, e.g. ``GRPO, group_size 16``."""
+        values = dict(values)
+        algorithm = values.pop("algorithm", self.spec.algorithm)
+        return ", ".join([str(algorithm), *(f"{name} {value}" for name, value in values.items())])
+
+    def estimate_of(self, values: dict[str, Any]):
+        """The fitted plan's :class:`~haepo_ray.sweep.llm_fit.TrialEstimate` of a planned trial."""
+        return self.fit.estimates[config_memory_key(self.trial_config(values, validate=False).__dict__)]
+
+    def trial_columns(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Columns of ``haepo sweep --dry-run``'s trials beside their values: the estimate."""
+        if self.fit is None or self._trial_estimates:
+            return {}
+        est = self.estimate_of(values)
+        columns = {"peak GiB (est.)": float(f"{est.peak_gib:.3g}"), "in": est.phase}
+        if self.spec.llm.gpus_per_worker == "auto":
+            columns["GPU/worker"] = self._worker_resources(values)["GPU"]
+        return columns
+
+    @property
+    def fit_summary(self) -> str | None:
+        """What ``haepo sweep --dry-run`` says of the trials' fit to their GPUs."""
+        fit, llm = self.fit, self.spec.llm
+        if fit is None:
+            return "GPU memory: not estimated (CPU trials; set llm.gpu_memory_gb to estimate them for a GPU)"
+        limit = (f"held to {fit.limit_gib:g} GiB ({fit.limit_source}) with {fit.reserve_gib:g} GiB reserve"
+                 if fit.limit_gib is not None else "no limit known: set llm.gpu_memory_gb to refuse what cannot fit")
+        how = ("each trial estimates itself when it starts (Optuna suggests its memory settings)"
+               if self._trial_estimates else f"{len(fit.estimates)} distinct configuration(s) simulated")
+        return (f"GPU memory: one worker's simulated peak (prompts of {llm.prompt_tokens} tokens), "
+                f"{limit}; {how}")
 
     def trial_config(self, values: dict[str, Any], *, validate: bool = True):
         """The trial's :class:`~haepo_ray.llm.settings.LLMTrainSettings` with these search values."""
@@ -112,8 +211,8 @@ class LLMPlan:
 
     def trial_resources(self, values: dict[str, Any] | None = None) -> dict[str, float]:
         """The trial's process plus its Ray Train workers."""
-        per_worker = _worker_resources(self.spec)
-        own = self._own_resources()
+        per_worker = self._worker_resources(values or {})
+        own = self._own_resources(per_worker)
         workers = self.spec.llm.num_workers
         total = {"CPU": own["cpu"] + workers * per_worker["CPU"],
                  "GPU": own["gpu"] + workers * per_worker.get("GPU", 0)}
@@ -126,14 +225,25 @@ class LLMPlan:
 
         from haepo_ray.sweep.llm_trainable import llm_trial
 
-        return tune.with_resources(llm_trial, self._own_resources())
+        if self.spec.llm.num_workers == 0 and self.spec.llm.gpus_per_worker == "auto":  # a share per trial
+            return tune.with_resources(
+                llm_trial, lambda config: self._own_resources(config[RAY_TRAIN]["resources_per_worker"]))
+        return tune.with_resources(llm_trial, self._own_resources(self._worker_resources({})))
 
-    def _own_resources(self) -> dict[str, float]:
+    def _worker_resources(self, values: dict[str, Any]) -> dict[str, float]:
+        """One Ray Train worker's resources; with ``gpus_per_worker: auto``, the fitted share of
+        a GPU of the trial with these search values (1 before the plan is fitted)."""
+        resources = _worker_resources(self.spec)
+        if resources.get("GPU") == "auto":
+            resources["GPU"] = self.fit.fraction(config_memory_key(self.trial_config(values, validate=False).__dict__)) \
+                if self.fit is not None and self.fit.limit_gib is not None else 1.0
+        return resources
+
+    def _own_resources(self, per_worker: dict[str, float]) -> dict[str, float]:
         """The spec's ``resources``, plus one worker's when the trial's process trains."""
         spec = self.spec
         own = {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
         if spec.llm.num_workers == 0:
-            per_worker = _worker_resources(spec)
             own = {"cpu": own["cpu"] + per_worker["CPU"], "gpu": own["gpu"] + per_worker.get("GPU", 0)}
         return own
 
@@ -154,10 +264,12 @@ def checked(plan):
 
 
 def trial_settings(config: dict[str, Any], device: str = "cpu"):
-    """A trial config as :class:`~haepo_ray.llm.settings.LLMTrainSettings` (without ``ray_train``)."""
+    """A trial config as :class:`~haepo_ray.llm.settings.LLMTrainSettings` (without
+    ``ray_train`` and ``gpu_memory``)."""
     from haepo_ray.llm.settings import LLMTrainSettings
 
-    return LLMTrainSettings(**{k: v for k, v in config.items() if k != RAY_TRAIN} | {"device": device})
+    return LLMTrainSettings(**{k: v for k, v in config.items() if k not in (RAY_TRAIN, CONFIG_KEY)}
+                            | {"device": device})
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +277,8 @@ def _renamed(values: dict[str, Any]) -> dict[str, Any]:
     return {RENAMES.get(k, k): v for k, v in values.items()}
 
 
-def _worker_resources(spec: SweepSpec) -> dict[str, float]:
+def _worker_resources(spec: SweepSpec) -> dict[str, float | str]:
+    """One worker's resources as the spec gives them (GPU "auto" until the plan is fitted)."""
     llm = spec.llm
     resources = {"CPU": llm.cpus_per_worker}
     if llm.use_gpu:

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from haepo_ray import names
+from haepo_ray.sweep.llm_fit import check_own_fit
 from haepo_ray.sweep.llm_plan import RAY_TRAIN, trial_settings
 
 
@@ -46,6 +47,7 @@ def llm_trial(config: dict[str, Any]) -> None:
     from ray import tune
 
     workers = config[RAY_TRAIN]
+    check_own_fit(config, workers["num_workers"])
     if workers["num_workers"] == 0:
         worker_loop(config, session=tune)
         return

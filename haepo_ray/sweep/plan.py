@@ -17,6 +17,7 @@ from typing import Any
 
 from haepo_ray import configs
 from haepo_ray.registry import UnknownAlgorithm
+from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.llm_plan import LLMPlan, checked
 from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec, load_spec, parse_spec
 
@@ -94,6 +95,21 @@ class SweepPlan:
             for key, value in bundle.items():
                 total[key] = total.get(key, 0) + value
         return {k: v for k, v in total.items() if v}
+
+    def trial_columns(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Columns of ``haepo sweep --dry-run``'s trials beside their values (none)."""
+        return {}
+
+    @property
+    def fit_summary(self) -> str | None:
+        """What ``haepo sweep --dry-run`` says of the trials' fit to their GPUs (nothing)."""
+        return None
+
+    def fitted(self, cluster: Cluster) -> SweepPlan:
+        """This plan, once ``cluster`` can run its trials: GPU trials on a local Ray without
+        GPUs fail (SpecError)."""
+        require_gpus(self.spec, self.trial_resources().get("GPU", 0.0), cluster)
+        return self
 
     def trainable(self) -> str:
         """The Tune trainable of the sweep's trials, registered under ``<algorithm>-sweep``:

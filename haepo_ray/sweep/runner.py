@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from haepo_ray.sweep import results, tune_setup
+from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.spec import SweepSpec
 
@@ -233,6 +234,7 @@ def run_sweep(
     started_ray = init_ray(spec, address)
     callback = None
     try:
+        plan = plan.fitted(Cluster.of_ray(embedded=address is None))  # GPUs there; LM trials' memory
         register_with_ray()  # so PPO (and any algorithm) trials can make the haepo envs
         if resume:
             run_dir = latest_run_dir(root)

@@ -277,7 +277,13 @@ class LLMSpec(_Model):
     num_workers: int = Field(1, ge=0)
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float | None = Field(None, gt=0, description="default 1 with use_gpu")
+    # default 1 with use_gpu; "auto": the fraction of a GPU that the trial's simulated peak needs
+    gpus_per_worker: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] | None = None
+    # The memory of each GPU (GiB): trials whose simulated peak (haepo_ray.llm.capacity) and the
+    # reserve do not fit are refused before launch. Default: what Ray reports of its GPUs.
+    gpu_memory_gb: float | None = Field(None, gt=0)
+    gpu_reserve_gb: float = Field(1.0, ge=0)  # per process: CUDA context, workspaces, fragmentation
+    prompt_tokens: int = Field(512, ge=1)  # the prompts' length in the memory estimate
 
     @model_validator(mode="after")
     def _gpus(self) -> LLMSpec:

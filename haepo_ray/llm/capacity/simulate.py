@@ -16,11 +16,13 @@ peak is every decode step's bound; a step's FLOPs are affine in its context, so 
 decode steps make (n - 1)(first + last) / 2. Generation's FLOPs are for all ``batch_prompts``
 groups of an update, its peak for one (a trial samples one prompt at a time).
 
-``target="cuda"`` counts as CUDA's caching allocator does (512-byte blocks) and runs attention
+``target="cuda"`` counts as CUDA's caching allocator does (512-byte blocks), runs attention
 through the kernel CUDA's ``scaled_dot_product_attention`` picks on an A100/H100 for these
-inputs (memory-efficient attention: the batch's padding mask rules out flash attention);
-``target="cpu"`` counts bytes exactly and keeps PyTorch's CPU kernels: the form the real step is
-measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
+inputs (memory-efficient attention: the batch's padding mask rules out flash attention) and
+AdamW as torch runs it on CUDA (the multi-tensor "foreach" step, whose square root of the
+second moment is a temporary the size of the trainable weights); ``target="cpu"`` counts bytes
+exactly and keeps PyTorch's CPU kernels and AdamW's per-parameter step: the form the real step
+is measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
 """
 
 from __future__ import annotations
@@ -213,7 +215,8 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         stats = ReplayedStats(tracker) if replay else token_stats
         policy = run_steps(model, settings, shapes, tracker,
-                           lambda m: _generate(m, settings, shapes.prompt_tokens, tracker), stats)
+                           lambda m: _generate(m, settings, shapes.prompt_tokens, tracker), stats,
+                           foreach=True if target == "cuda" else None)
         if replay:
             stats.close()
         trainable = sum(p.numel() for p in policy.trainable())

@@ -89,13 +89,14 @@ def _warm(policy: Policy, recorder: Recorder) -> None:
 
 
 def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: Recorder,
-              generate: Callable[[Any], None], stats: TokenStats = token_stats) -> Policy:
+              generate: Callable[[Any], None], stats: TokenStats = token_stats,
+              foreach: bool | None = None) -> Policy:
     """Run the phases of the module docstring on ``model`` (on the CPU); ``generate(model)``
-    samples one group, ``stats`` runs the policy's model passes. Returns the policy after the
-    RL update."""
+    samples one group, ``stats`` runs the policy's model passes, ``foreach`` chooses AdamW's
+    implementation (:attr:`Policy.foreach`). Returns the policy after the RL update."""
     with recorder.category("parameters"):
         policy = Policy(model, settings)
-        policy.stats = stats
+        policy.stats, policy.foreach = stats, foreach
         policy.start_sft()
     recorder.track_module(policy.model)
     _warm(policy, recorder)
