@@ -273,3 +273,15 @@ def test_llm_spec_errors_name_the_key(change, message):
     with pytest.raises(SpecError) as err:
         parse_plan(spec, "llm.yaml")
     assert message in str(err.value) and "llm.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize("spec", [
+    smoke_spec(llm={"use_gpu": True}),
+    {"algorithm": "HAEPO", "env": "haepo/ChainMDP-v0", "resources": {"cpus": 1, "gpus": 1}, "stop": {"iterations": 1}},
+], ids=["language-model", "rl"])
+def test_gpu_trials_fail_at_start_on_a_local_ray_without_gpus(ray_session, tmp_path, spec):
+    plan = parse_plan(spec, "gpu.yaml")
+    with pytest.raises(SpecError, match=r"gpu\.yaml: each trial asks for 1 GPU\(s\) .*, but the embedded local Ray "
+                                        r"has none: its trials would wait for ever"):
+        run_sweep(plan, track=False, storage_path=str(tmp_path), out=io.StringIO(), verbose=0)
+    assert not list(tmp_path.iterdir())  # nothing started

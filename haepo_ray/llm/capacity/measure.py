@@ -12,6 +12,9 @@ simulator it sees what kernels allocate inside an op, and nothing of its account
 
 The profiler's raw event list (``prof.profiler.kineto_results``) is a private attribute: the
 public ``events()`` folds allocations into the ops that made them and loses their order.
+
+:func:`measure_cuda` runs the same script on a CUDA device (where there is one) and reads each
+phase's peak from ``torch.cuda.max_memory_allocated``: the comparison for ``target="cuda"``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +33,7 @@ from haepo_ray.llm.capacity.steps import Shapes, group_sampling, run_steps
 from haepo_ray.llm.rollout import sample_completions
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["MeasuredPhase", "measure"]
+__all__ = ["MeasuredPhase", "measure", "measure_cuda"]
 
 _PREFIX = "haepo.phase."
 
@@ -93,3 +97,38 @@ def measure(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[str
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
         run_steps(model, settings, shapes, _Marks(), lambda m: _generate(m, settings, shapes.prompt_tokens))
     return _phase_peaks(prof.profiler.kineto_results.events())
+
+
+class _CudaPeaks(_Marks):
+    """Each phase's peak and starting bytes from CUDA's allocator statistics."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peaks: dict[str, MeasuredPhase] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        start = torch.cuda.memory_allocated(self.device)
+        yield
+        torch.cuda.synchronize(self.device)
+        phase = MeasuredPhase(torch.cuda.max_memory_allocated(self.device), start)
+        if name not in self.peaks or phase.peak_bytes > self.peaks[name].peak_bytes:
+            self.peaks[name] = phase
+
+
+def measure_cuda(settings: LLMTrainSettings, config: Any, shapes: Shapes,
+                 device: str = "cuda") -> dict[str, MeasuredPhase]:
+    """Each phase's measured peak of the same step on a CUDA device (every tensor made there)."""
+    from transformers import AutoModelForCausalLM
+
+    if settings.min_new_tokens != settings.max_new_tokens:
+        raise ValueError("the measured step needs min_new_tokens = max_new_tokens")
+    target = torch.device(device)
+    recorder = _CudaPeaks(target)
+    with target:  # factory functions (the batches, the optimiser's state) make CUDA tensors
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+        run_steps(model, dataclasses.replace(settings, device=device), shapes, recorder,
+                  lambda m: _generate(m, settings, shapes.prompt_tokens))
+    return recorder.peaks
