@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -197,27 +198,80 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
 # --------------------------------------------------------------------------- driver killed
 
 
-def _metric_rows(db: Path) -> int:
+def metric_rows(db: Path, key: str) -> int:
+    """Rows of metric ``key`` in the SQLite store ``db`` (read-only; 0 while it is busy)."""
     if not db.exists():
         return 0
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            return conn.execute("select count(*) from metrics where key = 'training_iteration'").fetchone()[0]
+            return conn.execute("select count(*) from metrics where key = ?", (key,)).fetchone()[0]
     except sqlite3.Error:
         return 0
 
 
-def _sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
-    """The arguments of `haepo sweep` for the killed-driver test."""
+def logged_rows(uri: str, experiment: str) -> Counter:
+    """How often MLflow holds each (child run, metric, step) of ``experiment``'s sweeps: every
+    row of every metric history, read through MLflow's client (any store)."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    rows: Counter = Counter()
+    for run in client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'trial'"):
+        for key in run.data.metrics:
+            rows.update((run.info.run_id, key, m.step) for m in client.get_metric_history(run.info.run_id, key))
+    return rows
+
+
+def sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
+    """The arguments of `haepo sweep` for the killed-driver tests."""
     return ["sweep", str(spec), "--tracking-uri", uri, "--storage-path", str(results),
             "--address", address, "--quiet", *extra]
 
 
+def kill_driver_when(args: list[str], cwd: Path, ready, timeout_s: float = 180) -> None:
+    """Runs `haepo ARGS` (the sweep's driver) in its own process group and SIGKILLs the group
+    once ``ready()`` holds; fails if the driver ends first or ``ready`` never holds. Its
+    output is in ``cwd/first.log``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(cwd / "first.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", *args], cwd=cwd, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and proc.poll() is None and not ready():
+                time.sleep(0.05)
+            assert proc.poll() is None, "the sweep ended before it could be killed:\n" + \
+                (cwd / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the sweep did not get where it is killed in time"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+def resume_driver(args: list[str], monkeypatch, capfd) -> None:
+    """`haepo ARGS --resume`, in this process (one process importing RLlib fewer)."""
+    from haepo_ray.cli import main
+
+    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    code = main([*args, "--resume"])
+    second = capfd.readouterr()
+    assert code == 0, second.out[-3000:] + second.err[-3000:]
+    assert "(resuming)" in second.out
+
+
+# The RL sweep's metrics, without its step key (training_iteration): the writer learns what
+# is logged from what the spec logs, whatever it is.
+LOGGED = ["time_total_s", ENV_STEPS, METRIC, "learners/*"]
+
+
 def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
-    """The first driver is a `haepo sweep` process, SIGKILLed mid-sweep; the second is the same
-    command line run in this process (one process importing RLlib fewer)."""
+    """The driver of an RL sweep that logs no training_iteration, SIGKILLed mid-sweep, then
+    resumed: every trial completes once, one MLflow run per trial, every (run, metric, step)
+    exactly once and none missing."""
     spec_data = yaml.safe_load(SMOKE.read_text())
-    spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2)
+    spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2, tracking={"metrics": LOGGED})
     spec_data["stop"] = {"iterations": 10}
     # Slow the iterations down so that the kill lands mid-sweep.
     spec_data["settings"]["min_time_s_per_iteration"] = 0.4
@@ -226,40 +280,13 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     results = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    env["PYTHONUNBUFFERED"] = "1"
+    args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
 
-    log = open(tmp_path / "first.log", "w")
-    command = [sys.executable, "-m", "haepo_ray.cli", *_sweep_args(spec_path, uri, results, address)]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            states = list(results.glob("resumable/*/experiment_state-*.json"))
-            if states and _metric_rows(db) >= 3:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the sweep ended before it could be killed:\n" + (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "no trial reported in time"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        log.close()
-    rows_before = _metric_rows(db)
-    assert rows_before >= 3
-
-    from haepo_ray.cli import main
-
+    kill_driver_when(args, tmp_path, lambda: bool(list(results.glob("resumable/*/experiment_state-*.json")))
+                     and metric_rows(db, "time_total_s") >= 3)
+    assert metric_rows(db, "time_total_s") >= 3
     monkeypatch.chdir(tmp_path)
-    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(key, raising=False)
-    code = main(_sweep_args(spec_path, uri, results, address, "--resume"))
-    second = capfd.readouterr()
-    assert code == 0, second.out[-3000:] + second.err[-3000:]
-    assert "(resuming)" in second.out
+    resume_driver(args, monkeypatch, capfd)
 
     (run_dir,) = list(results.glob("resumable/*"))
     assert not (run_dir / "mlflow_not_logged.jsonl").exists(), (run_dir / "mlflow_not_logged.jsonl").read_text()
@@ -267,8 +294,6 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     trials = summary["trials"]
     assert len(trials) == 4
     assert all(t["status"] == "TERMINATED" and t["iterations"] == 10 for t in trials), trials
-
-    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("resumable")
@@ -282,11 +307,14 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
         c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}
     all_runs = client.search_runs([exp.experiment_id])
     assert len(all_runs) == 1 + len(trials), "duplicate runs in MLflow"
+    rows = logged_rows(uri, "resumable")
+    assert not {k: n for k, n in rows.items() if n > 1}, "(run, metric, step) logged more than once"
     for child in children:
         assert child.info.status == "FINISHED"
-        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "training_iteration"))
-        assert len(steps) == len(set(steps)), f"duplicate steps {steps}"
-        assert steps[-1] == 10
+        assert "training_iteration" not in child.data.metrics
+        for key in ("time_total_s", ENV_STEPS, "learners/default_policy/weight_entropy"):
+            assert sorted(s for (run, k, s) in rows if run == child.info.run_id and k == key) == \
+                list(range(1, 11)), key
         assert {a.path for a in client.list_artifacts(child.info.run_id)} == {"checkpoint"}
 
 

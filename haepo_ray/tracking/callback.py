@@ -8,9 +8,10 @@ What it writes (names in :mod:`haepo_ray.names`, forms in :mod:`haepo_ray.tracki
   (tags ``haepo.best_trial_id`` / ``haepo.best_run_id``, metric ``best/<metric>``) and
   ``summary.json``;
 - one child per trial (``mlflow.parentRunId`` = the parent; tag ``haepo.trial_id``): params =
-  the trial's config flattened with ``/``; metrics every training iteration with
-  ``step=training_iteration`` (the keys matching ``SweepTracking.metrics``, among them
-  wall-clock ``time_total_s`` and env steps ``env_runners/num_env_steps_sampled_lifetime``);
+  the trial's config flattened with ``/``; metrics of every result, with ``step`` = the
+  sweep's step key (``training_iteration``, or ``update`` for language models): the keys
+  matching ``SweepTracking.metrics``, among them wall-clock ``time_total_s`` and env steps
+  ``env_runners/num_env_steps_sampled_lifetime``, each (run, metric, step) once;
   tags algorithm, env, seed, trial id/name, the trial's search values by their spec names
   (``haepo.search_values``) and its Ray node (ip and host name); the final checkpoint as
   artifacts under ``checkpoint/``.
