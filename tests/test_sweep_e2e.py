@@ -398,6 +398,34 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
     assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0  # the paper's episode metric
 
 
+def test_the_carried_metric_survives_a_restore(ray_session, tmp_path):
+    """A trial restored from a checkpoint (a retry, a resumed sweep, PBT's exploit into a
+    reused actor) carries on the metric value it had, not NaN. PPO on 32-step random walks
+    (never reaching the target) in 16-step batches: every second iteration ends an episode
+    (return 0). Checkpointed after the second, the actor takes another config and that
+    checkpoint, as PBT's exploit does; its next iteration, in a fresh episode, ends none."""
+    from haepo_ray.names import CARRIED_OVER
+
+    plan = parse_plan(_tiny(name="carry", algorithm="PPO", env="haepo/RandomWalk-v0",
+                            env_config={"target": 32, "horizon": 32},
+                            settings={"num_env_runners": 0, "batch_size": 16, "minibatch_size": 16,
+                                      "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}}), "carry.yaml")
+    trainable = sweep_trainable(plan.spec.algorithm, plan.spec.metric)(config=plan.trial_config({}).to_dict())
+    try:
+        results = [trainable.train(), trainable.train()]
+        assert [CARRIED_OVER in r for r in results] == [True, False]
+        assert math.isnan(results[0]["env_runners"][METRIC.split("/")[1]])
+        assert results[1]["env_runners"][METRIC.split("/")[1]] == 0.0
+        checkpoint = trainable.save(str(tmp_path / "checkpoint"))
+        assert trainable.reset_config(plan.trial_config({}).update_from_dict({"seed": 1}).to_dict())
+        trainable.restore(checkpoint)
+        after = trainable.train()
+    finally:
+        trainable.stop()
+    assert after[CARRIED_OVER] == [METRIC]
+    assert after["env_runners"][METRIC.split("/")[1]] == 0.0
+
+
 def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = parse_plan(_tiny(
