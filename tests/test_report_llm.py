@@ -98,6 +98,7 @@ def store(tmp_path_factory) -> str:
                                          names.SEARCH_VALUES: json.dumps({"seed": 0})}).info.run_id
     _log(client, rl_run, [{names.TRAINING_ITERATION: i, names.EPISODE_RETURN_MEAN: 0.5 * i, names.TIME_TOTAL_S: 2.0 * i}
                           for i in (1, 2)], names.TRAINING_ITERATION)
+    client.set_terminated(rl_run)
     return uri
 
 

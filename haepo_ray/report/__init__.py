@@ -12,7 +12,10 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
   own table, the CSV holds both;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
-  no network access needed).
+  no network access needed);
+- ``unfinished.csv`` when some trials did not finish (failed, killed, still running): they
+  are listed apart in every output and left out of the aggregates unless
+  ``include_unfinished`` (:mod:`~haepo_ray.report.status`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import pandas as pd
 from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
 from haepo_ray.report.runs import load_trials
+from haepo_ray.report.status import aggregated, unfinished_table
 from haepo_ray.tables import cell, format_table
 
-__all__ = ["Report", "build_report"]
+__all__ = ["Report", "build_report", "report_text"]
 
 
 @dataclass
@@ -41,16 +45,26 @@ class Report:
     table: pd.DataFrame
     groups: list[Group]
     figures: list[Figure]
+    unfinished: pd.DataFrame  # trials whose runs did not finish (:func:`unfinished_table`)
+    include_unfinished: bool = False
+
+    @property
+    def unfinished_title(self) -> str:
+        how = "included in" if self.include_unfinished else "left out of"
+        return f"{len(self.unfinished)} trials did not finish ({how} the aggregates)"
 
     @property
     def index(self) -> Path:
         return self.out / "index.html"
 
 
-def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str | Path) -> Report:
-    """Reads the experiments' sweeps from MLflow and writes the report to ``out``.
+def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str | Path, *,
+                 include_unfinished: bool = False) -> Report:
+    """Reads the experiments' sweeps from MLflow and writes the report to ``out``; trials
+    whose runs did not finish are aggregated only with ``include_unfinished``.
 
-    Raises ``LookupError`` when an experiment is missing or no trial is found.
+    Raises ``LookupError`` when an experiment is missing, no trial is found, or none
+    finished and unfinished ones are not included.
     """
     experiments = list(experiments or [])
     trials = load_trials(tracking_uri, experiments)
@@ -59,12 +73,15 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
                           + (f" in experiments {experiments}" if experiments else ""))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    groups = group_trials(trials)
+    groups = group_trials(aggregated(trials, include_unfinished))
     table = results_table(groups)
+    unfinished = unfinished_table(trials)
     table.to_csv(out / "results.csv", index=False)
-    (out / "results.md").write_text(to_markdown(table) + "\n")
+    if len(unfinished):
+        unfinished.to_csv(out / "unfinished.csv", index=False)
     figures = write_figures(groups, out)
-    report = Report(out, table, groups, figures)
+    report = Report(out, table, groups, figures, unfinished, include_unfinished)
+    (out / "results.md").write_text(to_markdown(table) + _markdown_unfinished(report) + "\n")
     report.index.write_text(render_html(report, tracking_uri))
     return report
 
@@ -82,16 +99,36 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
+def _markdown_unfinished(report: Report) -> str:
+    if not len(report.unfinished):
+        return ""
+    return f"\n\n{report.unfinished_title}:\n\n{_markdown(report.unfinished)}"
+
+
 def to_text(table: pd.DataFrame) -> str:
     """The table for a terminal: aligned columns, one table per kind of trial."""
-    return "\n\n".join(format_table(list(part.columns), list(part.itertuples(index=False)), rule=False)
-                       for part in by_kind(table))
+    return "\n\n".join(_text(part) for part in by_kind(table))
+
+
+def _text(table: pd.DataFrame) -> str:
+    return format_table(list(table.columns), list(table.itertuples(index=False)), rule=False)
+
+
+def report_text(report: Report) -> str:
+    """What ``haepo report`` prints: the results tables, then the trials that did not finish."""
+    text = to_text(report.table)
+    if len(report.unfinished):
+        text += f"\n\n{report.unfinished_title}:\n{_text(report.unfinished)}"
+    return text
 
 
 def render_html(report: Report, tracking_uri: str) -> str:
     """index.html: the results tables, then every figure (PNG embedded as a data URI)."""
     table = "\n".join(part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
                       for part in by_kind(report.table))
+    if len(report.unfinished):
+        table += (f'\n<h2 id="unfinished">{html.escape(report.unfinished_title)}</h2>\n'
+                  + report.unfinished.to_html(index=False, border=0, classes="unfinished"))
     sections = []
     for section in dict.fromkeys(f.section for f in report.figures):
         images = []
