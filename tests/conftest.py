@@ -63,6 +63,7 @@ MODULE_SECONDS = {
     "test_llm_sweep.py": 115,
     "test_report.py": 45,
     "test_tracking.py": 40,
+    "test_provenance.py": 30,
     "test_llm_train.py": 35,
     "test_baselines.py": 25,
     "test_cli.py": 25,

@@ -74,6 +74,8 @@ def smoke(ray_session, tmp_path_factory):
 
 
 def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
+    from test_sweep_e2e import check_provenance
+
     server, result, folder = smoke
     client = MlflowClient(server.uri)
     parent, children = find_sweep_runs(server.uri, "llm_smoke", result.parent_run_id)
@@ -89,6 +91,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
         tags, params = child.data.tags, child.data.params
         assert tags[names.ROLE] == "trial" and tags[names.PARENT_RUN] == parent.info.run_id
         assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
+        check_provenance(tags)
         seen.add((tags[names.ALGORITHM], tags[names.SEED]))
         assert params["ray_train/num_workers"] == "0" and params["rl_updates"] == str(updates)
         for key in UPDATE_METRICS:

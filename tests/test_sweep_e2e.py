@@ -43,11 +43,20 @@ ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def check_provenance(tags) -> None:
+    """A run's provenance tags are this checkout's, this machine's and these libraries' (the
+    GPUs are those the process saw: a trial sees those Ray gave it)."""
+    from haepo_ray.provenance import provenance
+
+    assert {k: v for k, v in provenance().items() if k != "haepo.machine.gpus"}.items() <= tags.items()
+    assert "haepo.machine.gpus" in tags
+
+
 def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
                           checkpoints: bool = True) -> None:
     """The MLflow side of a finished sweep: one parent, exactly one child per trial, each
-    with its params, tags, per-iteration metrics with increasing steps and its checkpoint;
-    the sweep's summary (``result``) agrees with what MLflow holds."""
+    with its params, tags (provenance too), per-iteration metrics with increasing steps and
+    its checkpoint; the sweep's summary (``result``) agrees with what MLflow holds."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -56,6 +65,7 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
     assert parent.info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"spec.yaml", "summary.json"}
     assert parent.data.params["algorithm"] == "HAEPO"
+    check_provenance(parent.data.tags)
 
     by_trial: dict[str, list] = {}
     for child in children:
@@ -74,6 +84,7 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
         assert tags["haepo.env"] == "haepo/ChainMDP-v0"
         assert tags["haepo.seed"] == str(trial.values["seed"])
         assert tags["haepo.node_ip"] and tags["haepo.hostname"]
+        check_provenance(tags)
         params = child.data.params
         assert float(params["lr"]) == trial.values["lr"]
         assert params["seed"] == str(trial.values["seed"])

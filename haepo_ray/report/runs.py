@@ -54,6 +54,7 @@ class Trial:
     data: str | None = None
     status: str = FINISHED  # the MLflow run's: FINISHED, FAILED, KILLED, RUNNING, SCHEDULED
     error: str = ""  # the trial's error (tag haepo.error), when it failed
+    provenance: dict[str, str] = field(default_factory=dict)  # tags of haepo_ray.provenance
 
     @property
     def finished(self) -> bool:
@@ -159,7 +160,8 @@ def _trial(client, experiment: str, run) -> Trial:
     trial = Trial(experiment=experiment, run_id=run.info.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
                   env=tags.get(names.ENV, "?"), seed=seed, config=values, params=dict(run.data.params),
                   curves=pd.DataFrame(), model=model, data=tags.get(names.DATA), status=run.info.status,
-                  error=tags.get(names.ERROR, ""))
+                  error=tags.get(names.ERROR, ""),
+                  provenance={k: v for k, v in tags.items() if k.startswith(names.PROVENANCE_PREFIXES)})
     trial.curves = _curves(client, run, trial.kind)
     return trial
 

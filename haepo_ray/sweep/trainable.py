@@ -32,7 +32,8 @@ from typing import Any
 from ray import tune
 from ray.tune.result import RESULT_DUPLICATE
 
-from haepo_ray.names import CARRIED_OVER
+from haepo_ray.names import CARRIED_OVER, PROVENANCE
+from haepo_ray.provenance import provenance
 
 CARRIED_FILE = "haepo_carried_metric.json"  # in the checkpoint: {"value": the carried metric}
 
@@ -62,7 +63,9 @@ class SweepTrainable(tune.Trainable):
 
     def train(self) -> dict[str, Any]:
         # After Tune's own keys (training_iteration, time_total_s, ...) are in the result.
-        return self._with_metric(super().train())
+        result = super().train()
+        result[PROVENANCE] = provenance()  # what trains this trial (MLflow tags its run)
+        return self._with_metric(result)
 
     def _with_metric(self, result: dict[str, Any]) -> dict[str, Any]:
         if self.metric is None or RESULT_DUPLICATE in result:
