@@ -58,6 +58,7 @@ def tiny_lm():
 # order, so a new slow module needs its line here.
 MODULE_SECONDS = {
     "test_sweep_e2e.py": 195,
+    "test_postgres.py": 130,
     "test_multinode.py": 135,
     "test_algorithm.py": 135,
     "test_llm_sweep.py": 115,

@@ -238,15 +238,20 @@ def sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -
             "--address", address, "--quiet", *extra]
 
 
+def start_driver(args: list[str], cwd: Path, log) -> subprocess.Popen:
+    """`haepo ARGS` (a sweep's driver) in its own process group, its output to ``log``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", *args], cwd=cwd, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def kill_driver_when(args: list[str], cwd: Path, ready, timeout_s: float = 180) -> None:
     """Runs `haepo ARGS` (the sweep's driver) in its own process group and SIGKILLs the group
     once ``ready()`` holds; fails if the driver ends first or ``ready`` never holds. Its
     output is in ``cwd/first.log``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    env["PYTHONUNBUFFERED"] = "1"
     with open(cwd / "first.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", *args], cwd=cwd, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = start_driver(args, cwd, log)
         try:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and proc.poll() is None and not ready():

@@ -205,9 +205,10 @@ def _free_port() -> int:
 
 
 class MLflowServer:
-    """A real ``mlflow server`` on 127.0.0.1, in its own process group."""
+    """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
+    ``root/server.db`` or on ``backend`` (a database URI)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
         self.root = root
         self.port = _free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
@@ -215,8 +216,8 @@ class MLflowServer:
         self.log = open(root / "server.log", "w")
         mlflow = Path(sys.executable).with_name("mlflow")
         self.proc = subprocess.Popen(
-            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.db}",
+            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
+             "--backend-store-uri", backend or f"sqlite:///{self.db}",
              "--artifacts-destination", str(root / "artifacts")],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             # No job execution: it starts a second process (huey consumer) that imports
