@@ -271,7 +271,7 @@ def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_proces
     results and the restored trial's repeated updates are not logged again, so MLflow holds
     every (run, metric, step) exactly once, every update of every metric, and the trial ends
     with the weights of one process trained uninterrupted."""
-    from test_sweep_e2e import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
+    from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
 
     spec = smoke_spec(name="llm_resumable", search_space={}, algorithm="HAEPO", max_failures=0,
                       checkpoint_frequency=RESUME_EVERY,

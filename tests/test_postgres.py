@@ -24,8 +24,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from test_sweep_e2e import (ENV_STEPS, LOGGED, SMOKE, kill_driver_when, logged_rows, resume_driver, start_driver,
-                            sweep_args)
+from drivers import kill_driver_when, logged_rows, resume_driver, start_driver, sweep_args
+from test_sweep_e2e import ENV_STEPS, LOGGED, SMOKE
 from test_tracking import MLflowServer, _free_port
 
 ITERATIONS = {"pg-resumed": 10, "pg-steady": 20}  # the steady sweep goes on while the other resumes
