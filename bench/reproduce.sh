@@ -8,15 +8,30 @@
 #                                           #      bandit_k10 bandit_k20 bandit_k30
 #
 # Output (REPRO_DIR, default .haepo/reproduction): mlflow.db, ray_results/, and per
-# experiment report-<experiment>/ (index.html, results.md/.csv, figures). Each spec's wall
-# time is printed and appended to times.tsv. A spec whose sweep fails is reported and the
-# others still run; the exit code is then 1.
+# experiment report-<experiment>/ (index.html, results.md/.csv, provenance.csv, figures).
+# Each spec's wall time is printed and appended to times.tsv. A spec whose sweep fails is
+# reported and the others still run; the exit code is then 1. REPORT_ONLY=1 skips the
+# sweeps and reports what the store holds.
+#
+# Every run records the commit that made it; the report refuses (exit code 1) runs that
+# another commit than this checkout's made (an older store: use a new REPRO_DIR), and this
+# script warns when the checkout has uncommitted changes or is no git checkout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 haepo=${HAEPO:-.venv/bin/haepo}
 out=${REPRO_DIR:-.haepo/reproduction}
 mkdir -p "$out"
 uri="sqlite:///$(cd "$out" && pwd)/mlflow.db"
+if commit=$(git rev-parse HEAD 2>/dev/null); then
+    require=(--require-commit "$commit")
+    if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+        echo "WARNING: this checkout has uncommitted changes: its runs are tagged dirty, and no commit" \
+             "reproduces them" >&2
+    fi
+else
+    require=()
+    echo "WARNING: not a git checkout: the report cannot check which code made its runs" >&2
+fi
 experiments=("$@")
 [ ${#experiments[@]} -gt 0 ] || experiments=(chain_mdp newsvendor cartpole random_walk_n10
                                              random_walk_n20 bandit_k10 bandit_k20 bandit_k30)
@@ -31,6 +46,7 @@ for experiment in "${experiments[@]}"; do
     for spec in "${specs[@]}"; do
         name=$(basename "$spec" .yaml)
         names+=(--experiment "$name")
+        [ -z "${REPORT_ONLY:-}" ] || continue
         start=$SECONDS
         if "$haepo" sweep "$spec" --tracking-uri "$uri" --storage-path "$out/ray_results" --quiet; then
             result=ok
@@ -40,6 +56,6 @@ for experiment in "${experiments[@]}"; do
         fi
         printf '%s\t%s\t%d\n' "$name" "$result" $((SECONDS - start)) | tee -a "$out/times.tsv"
     done
-    "$haepo" report --tracking-uri "$uri" "${names[@]}" --out "$out/report-$experiment" || status=1
+    "$haepo" report --tracking-uri "$uri" "${names[@]}" --out "$out/report-$experiment" "${require[@]}" || status=1
 done
 exit $status

@@ -48,6 +48,8 @@ LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")
 CHECKPOINT_PATH = "checkpoint_path"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).
 CARRIED_OVER = "haepo_carried_over"
+# The trial process's provenance tags (haepo_ray.provenance), in every result of a sweep trial.
+PROVENANCE = "haepo_provenance"
 
 # --- MLflow tags ----------------------------------------------------------------------------
 PARENT_RUN = "mlflow.parentRunId"
@@ -73,3 +75,17 @@ CHECKPOINT = "haepo.checkpoint"
 NUM_TRIALS = "haepo.num_trials"
 BEST_TRIAL_ID = "haepo.best_trial_id"
 BEST_RUN_ID = "haepo.best_run_id"
+# Provenance (haepo_ray.provenance): on every run, the parent's of the driver, a child's of its trial.
+CODE_VERSION = "haepo.code.version"  # the installed haepo-ray version
+CODE_COMMIT = "haepo.code.commit"  # git commit of the checkout, where it is one
+CODE_DIRTY = "haepo.code.dirty"  # "true": tracked files differ from that commit
+MACHINE_CPUS = "haepo.machine.cpus"
+MACHINE_CPU = "haepo.machine.cpu"  # the CPU model
+MACHINE_MEMORY_GB = "haepo.machine.memory_gb"
+MACHINE_GPUS = "haepo.machine.gpus"  # "0" or "1 x NVIDIA H100 80GB HBM3": those the process sees
+VERSION_RAY = "haepo.version.ray"
+VERSION_RLLIB = "haepo.version.rllib"
+VERSION_TORCH = "haepo.version.torch"
+VERSION_MLFLOW = "haepo.version.mlflow"
+VERSION_PYTHON = "haepo.version.python"
+PROVENANCE_PREFIXES = ("haepo.code.", "haepo.machine.", "haepo.version.")

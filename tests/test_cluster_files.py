@@ -263,9 +263,13 @@ def test_mlflow_server_has_auth_postgres_and_proxied_artifacts():
     script = (CLUSTER / "mlflow" / "start-mlflow.sh").read_text()
     assert "--app-name basic-auth" in script
     assert "--serve-artifacts" in script and "--artifacts-destination" in script
-    assert "postgresql://" in script
+    assert "postgresql+psycopg2://" in script
     compose = load(CLUSTER / "mlflow" / "docker-compose.yaml")
     assert compose["services"]["postgres"]["image"].startswith("postgres:")
+    # Room for the server's pools: 4 workers x 2 databases x (5 + 10) connections.
+    assert compose["services"]["postgres"]["command"] == ["-c", "max_connections=200"]
+    (db,) = [d for d in load_all(K8S / "mlflow.yaml") if d["kind"] == "StatefulSet"]
+    assert db["spec"]["template"]["spec"]["containers"][0]["args"] == ["-c", "max_connections=200"]
     assert compose["services"]["mlflow"]["env_file"] == "mlflow.env"
 
 
@@ -302,8 +306,8 @@ def test_mlflow_start_script_keeps_passwords_off_the_command_line(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["backend"] == "postgresql://mlflow:p%25w%40d%3A%2Fx@db:5432/mlflow"
-    assert got["auth_db"] == "postgresql://mlflow:p%25w%40d%3A%2Fx@db:5432/mlflow_auth"
+    assert got["backend"] == "postgresql+psycopg2://mlflow:p%25w%40d%3A%2Fx@db:5432/mlflow"
+    assert got["auth_db"] == "postgresql+psycopg2://mlflow:p%25w%40d%3A%2Fx@db:5432/mlflow_auth"
     assert got["admin"] == "admin" and got["admin_password"] == "admin-secret"
     assert got["default"] == "EDIT"
     assert "basic-auth" in got["argv"] and "--serve-artifacts" in got["argv"]

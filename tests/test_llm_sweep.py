@@ -76,6 +76,8 @@ def smoke(ray_session, tmp_path_factory):
 
 
 def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
+    from test_sweep_e2e import check_provenance
+
     server, result, folder = smoke
     client = MlflowClient(server.uri)
     parent, children = find_sweep_runs(server.uri, "llm_smoke", result.parent_run_id)
@@ -92,6 +94,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
         tags, params = child.data.tags, child.data.params
         assert tags[names.ROLE] == "trial" and tags[names.PARENT_RUN] == parent.info.run_id
         assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
+        check_provenance(tags)
         seen.add((tags[names.ALGORITHM], tags[names.SEED]))
         assert params["ray_train/num_workers"] == "0" and params["rl_updates"] == str(updates)
         # its GPU memory estimate (llm.gpu_memory_gb is set), next to the measured peaks
@@ -173,17 +176,22 @@ class KillAt:
     def _watch(self) -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not self.killed:
-            for state in self.results.rglob("checkpoint_*/state.pt"):
-                try:
-                    update = torch.load(state, weights_only=True)["update"]
-                except Exception:  # still being written
-                    continue
-                if update >= self.at:
-                    for pid in _processes_of_this_ray(self.title):
-                        os.kill(pid, signal.SIGKILL)
-                        self.killed = True
-                    break
+            if newest_checkpoint(self.results) >= self.at:
+                for pid in _processes_of_this_ray(self.title):
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed = True
             time.sleep(0.2)
+
+
+def newest_checkpoint(results: Path) -> int:
+    """The highest update checkpointed under ``results`` (0: none yet)."""
+    updates = [0]
+    for state in results.rglob("checkpoint_*/state.pt"):
+        try:
+            updates.append(torch.load(state, weights_only=True)["update"])
+        except Exception:  # still being written
+            continue
+    return max(updates)
 
 
 UPDATES = 8  # the kill lands after the update-2 checkpoint; a tiny update takes a fraction of a second
@@ -205,8 +213,6 @@ def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ra
 
     The reward leaves out the MiniLM similarity: its float32 embeddings of differently batched
     texts differ in the 7th digit, which Adam turns into 1e-5 steps where gradients are ~0."""
-    from haepo_ray.llm.train import LLMRun
-
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     name = f"workers{workers}"
@@ -223,13 +229,23 @@ def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ra
     assert killer.killed, f"no {TRAINS[workers]} was killed"
     assert trial.num_failures == 1
     _, (child,) = find_sweep_runs(uri, name, result.parent_run_id)
+    assert_trains_like_one_process(plan, uri, child, tmp_path)
+
+
+def assert_trains_like_one_process(plan, uri: str, child, tmp_path: Path) -> None:
+    """The trial of ``child`` (a finished MLflow run of the one-trial sweep ``plan``) logged
+    every update once, its final checkpoint and its generations at the run's root, and ended
+    with the weights and losses of one process trained uninterrupted (an LLMRun here)."""
+    from haepo_ray.llm.train import LLMRun
+
+    updates = plan.trial_config({}).rl_updates
     assert child.info.status == "FINISHED"
     for key in UPDATE_METRICS:
-        assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, UPDATES + 1)), key
+        assert update_history(MlflowClient(uri), child.info.run_id, key) == list(range(1, updates + 1)), key
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(child.info.run_id)}
     assert {"generations.jsonl", "checkpoint"} <= artifacts, artifacts
     checkpoint = Path(mlflow.artifacts.download_artifacts(run_id=child.info.run_id, artifact_path="checkpoint",
-                                                          tracking_uri=uri, dst_path=str(tmp_path / name)))
+                                                          tracking_uri=uri, dst_path=str(tmp_path / "logged")))
     two = torch.load(checkpoint / "state.pt", weights_only=True)["model"]
     two_rows = [json.loads(line) for line in (checkpoint / "metrics.jsonl").read_text().splitlines()]
 
@@ -246,13 +262,51 @@ def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ra
     # Every SFT step and update once, with the same losses, rewards and KL (Adam would hide a
     # wrong gradient scale in the weights; the reported losses would not); rewards are float32.
     assert [(r["phase"], r["update"]) for r in two_rows] == [(r["phase"], r["update"]) for r in one_rows]
-    assert [r["update"] for r in one_rows if r["phase"] == "rl"] == list(range(1, UPDATES + 1))
+    assert [r["update"] for r in one_rows if r["phase"] == "rl"] == list(range(1, updates + 1))
     for a, b in zip(one_rows, two_rows, strict=True):
         for key in ("loss", "reward_mean", "kl", "completion_length"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-6), (a["phase"], a["update"], key)
     # ... and training moved the weights: the comparison is not between two untrained models.
     assert any(not torch.equal(initial[k], one[k]) for k in one)
+
+
+def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_process(ray_session, tmp_path,
+                                                                                  monkeypatch, capfd):
+    """The driver of a language-model sweep (llm_smoke's shape, one trial) SIGKILLed while its
+    trial has logged updates after its newest checkpoint, then ``--resume``: the re-read
+    results and the restored trial's repeated updates are not logged again, so MLflow holds
+    every (run, metric, step) exactly once, every update of every metric, and the trial ends
+    with the weights of one process trained uninterrupted."""
+    from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
+
+    spec = smoke_spec(name="llm_resumable", search_space={}, algorithm="HAEPO", max_failures=0,
+                      checkpoint_frequency=RESUME_EVERY,
+                      settings={"rl_updates": RESUME_UPDATES, "sft_examples": 4, "dtype": "float64",
+                                "reward_weights": [0.5, 0.0, 0.5]})
+    spec_path = tmp_path / "llm_resumable.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    db, results = tmp_path / "mlflow.db", tmp_path / "results"
+    uri = f"sqlite:///{db}"
+    args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
+    seen = {}
+
+    def between_checkpoints() -> bool:  # MLflow holds updates after the newest checkpoint
+        seen.update(checkpoint=newest_checkpoint(results), logged=metric_rows(db, names.LLM_REWARD))
+        return 0 < seen["checkpoint"] < seen["logged"] < RESUME_UPDATES
+
+    kill_driver_when(args, tmp_path, between_checkpoints)
+    monkeypatch.chdir(tmp_path)
+    resume_driver(args, monkeypatch, capfd)
+
+    rows = logged_rows(uri, "llm_resumable")
+    assert not {k: n for k, n in rows.items() if n > 1}, f"logged more than once (killed at {seen})"
+    _, (child,) = find_sweep_runs(uri, "llm_resumable")
+    assert int(child.data.tags[names.REPLAYED_STEPS]) >= seen["logged"] - seen["checkpoint"], seen
+    assert_trains_like_one_process(parse_plan(spec, "llm_resumable.yaml"), uri, child, tmp_path)
+
+
+RESUME_UPDATES, RESUME_EVERY = 15, 5  # the kill lands between the checkpoints of updates 5 and 10
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -80,7 +80,7 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
 
     # The files hold the same table, and every figure exists as PNG and SVG.
     assert pd.read_csv(tmp_path / "results.csv")["return mean"].tolist() == pytest.approx(table["return mean"].tolist())
-    assert (tmp_path / "results.md").read_text().count("\n") == len(table) + 2
+    assert (tmp_path / "results.md").read_text().split("\n\n")[0].count("\n") == len(table) + 1
     stems = {f.stem for f in report.figures}
     env = "haepo_GaussianBandit-v0_means_seed=3_num_arms=5"
     assert stems == {f"{env}-return-vs-updates", f"{env}-return-vs-seconds", f"{env}-regret",
@@ -172,6 +172,76 @@ def test_search_values_of_older_stores_keep_their_names(tmp_path):
     trials = sorted(load_trials(uri, ["old"]), key=lambda t: t.seed)
     assert [(t.seed, t.config) for t in trials] == [
         (3, {"lr": 0.1, "train_batch_size_per_learner": 8}), (4, {"lr": 0.1, "batch_size": 8})]
+
+
+def _status_store(tmp_path) -> str:
+    """A store whose sweep has three finished seeds of one configuration (returns 1, 2, 3 at
+    step 4) and three that did not finish: one failed at step 2 (its error tagged), one
+    killed at step 3, one still running at step 1; each returns its seed at every step."""
+    import json
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'status.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("status", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
+    for seed, status, steps in ((1, "FINISHED", 4), (2, "FINISHED", 4), (3, "FINISHED", 4),
+                                (10, "FAILED", 2), (20, "KILLED", 3), (30, "RUNNING", 1)):
+        tags = {"mlflow.parentRunId": parent, "haepo.role": "trial", "haepo.algorithm": "HAEPO",
+                "haepo.env": "haepo/ChainMDP-v0", "haepo.search_values": json.dumps({"lr": 0.1, "seed": seed})}
+        if status == "FAILED":
+            tags["haepo.error"] = "Traceback (most recent call last):\n  ...\nRuntimeError: injected\n"
+        run = client.create_run(exp, tags=tags).info.run_id
+        client.log_batch(run, metrics=[Metric(key, value, 0, step) for step in range(1, steps + 1)
+                                       for key, value in ((RETURN, float(seed)), (SECONDS, float(step)))])
+        if status != "RUNNING":
+            client.set_terminated(run, status)
+    return uri
+
+
+def test_trials_that_did_not_finish_are_listed_apart_and_left_out(tmp_path, capsys):
+    """Finished trials make the means, the seeds column and the curves; a failed, a killed
+    and a running trial are listed with their status, last step and error, and enter the
+    aggregates only with --include-unfinished, their curves ending where their runs ended."""
+    uri = _status_store(tmp_path)
+    report = build_report(uri, ["status"], tmp_path / "finished")
+    (row,) = report.table.to_dict("records")
+    assert (row["seeds"], row["return mean"]) == (3, pytest.approx(2.0)) and "unfinished" not in row
+    assert report.groups[0].curve(RETURN)["n"].tolist() == [3, 3, 3, 3]
+    listed = report.unfinished.set_index("seed")
+    assert listed["status"].to_dict() == {10: "FAILED", 20: "KILLED", 30: "RUNNING"}
+    assert listed["last step"].to_dict() == {10: 2, 20: 3, 30: 1}
+    assert listed.loc[10, "error"] == "RuntimeError: injected"
+    assert len(pd.read_csv(tmp_path / "finished" / "unfinished.csv")) == 3
+    md = (tmp_path / "finished" / "results.md").read_text()
+    assert "3 trials did not finish (left out of the aggregates)" in md and "RuntimeError: injected" in md
+    assert "did not finish" in (tmp_path / "finished" / "index.html").read_text()
+
+    assert cli.main(["report", "--tracking-uri", uri, "--experiment", "status", "--out", str(tmp_path / "all"),
+                     "--include-unfinished"]) == 0
+    assert "3 trials did not finish (included in the aggregates)" in capsys.readouterr().out
+    everything = build_report(uri, ["status"], tmp_path / "all", include_unfinished=True)
+    (row,) = everything.table.to_dict("records")
+    assert (row["seeds"], row["unfinished"]) == (6, 3)
+    assert row["return mean"] == pytest.approx((1 + 2 + 3 + 10 + 20 + 30) / 6)
+    curve = everything.groups[0].curve(RETURN)
+    assert curve["n"].tolist() == [6, 5, 4, 3]  # each unfinished run ends where it ended
+    assert curve["mean"].tolist() == pytest.approx([66 / 6, 36 / 5, 26 / 4, 2.0])
+
+
+def test_a_sweep_with_no_finished_trial_says_how_to_report_it(tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    uri = _status_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("status").experiment_id
+    for run in client.search_runs([experiment], "attributes.status = 'FINISHED' and tags.`haepo.role` = 'trial'"):
+        client.set_terminated(run.info.run_id, "KILLED")
+    assert cli.main(["report", "--tracking-uri", uri, "--experiment", "status", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no trial of these sweeps finished (4 KILLED, 1 FAILED, 1 RUNNING)" in err and "--include-unfinished" in err
 
 
 def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):

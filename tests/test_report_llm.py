@@ -98,6 +98,7 @@ def store(tmp_path_factory) -> str:
                                          names.SEARCH_VALUES: json.dumps({"seed": 0})}).info.run_id
     _log(client, rl_run, [{names.TRAINING_ITERATION: i, names.EPISODE_RETURN_MEAN: 0.5 * i, names.TIME_TOTAL_S: 2.0 * i}
                           for i in (1, 2)], names.TRAINING_ITERATION)
+    client.set_terminated(rl_run)
     return uri
 
 
@@ -140,7 +141,7 @@ def test_llm_table_holds_the_papers_metrics_mean_and_std_over_seeds(llm_report):
 
     csv = pd.read_csv(out / "results.csv")
     assert csv["reward mean"].tolist() == pytest.approx(table["reward mean"].tolist())
-    assert (out / "results.md").read_text().count("\n") == len(table) + 2
+    assert (out / "results.md").read_text().split("\n\n")[0].count("\n") == len(table) + 1
 
 
 def test_llm_curves_run_on_updates_and_training_seconds(llm_report):
@@ -182,7 +183,8 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
     assert (rl["algorithm"], rl["return mean"], rl["s / 100 updates"]) == ("PPO", 1.0, 200.0)
     assert np.isnan(rl["reward mean"]) and pd.isna(rl["model"])
     tables = (tmp_path / "results.md").read_text().split("\n\n")
-    assert len(tables) == 2 and "return mean" in tables[0] and "reward mean" not in tables[0]
+    assert len(tables) == 4 and "return mean" in tables[0] and "reward mean" not in tables[0]
+    assert tables[2] == "Provenance (code, machine, libraries):"
     assert "reward mean" in tables[1] and "return mean" not in tables[1]
     assert {f.section for f in report.figures} == {"tiny on aclsum", "haepo/ChainMDP-v0"}
     printed = to_text(table).split("\n\n")

@@ -13,15 +13,12 @@ import io
 import json
 import math
 import os
-import signal
-import sqlite3
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import yaml
+from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
@@ -42,11 +39,20 @@ ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def check_provenance(tags) -> None:
+    """A run's provenance tags are this checkout's, this machine's and these libraries' (the
+    GPUs are those the process saw: a trial sees those Ray gave it)."""
+    from haepo_ray.provenance import provenance
+
+    assert {k: v for k, v in provenance().items() if k != "haepo.machine.gpus"}.items() <= tags.items()
+    assert "haepo.machine.gpus" in tags
+
+
 def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
                           checkpoints: bool = True) -> None:
     """The MLflow side of a finished sweep: one parent, exactly one child per trial, each
-    with its params, tags, per-iteration metrics with increasing steps and its checkpoint;
-    the sweep's summary (``result``) agrees with what MLflow holds."""
+    with its params, tags (provenance too), per-iteration metrics with increasing steps and
+    its checkpoint; the sweep's summary (``result``) agrees with what MLflow holds."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -55,6 +61,7 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
     assert parent.info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"spec.yaml", "summary.json"}
     assert parent.data.params["algorithm"] == "HAEPO"
+    check_provenance(parent.data.tags)
 
     by_trial: dict[str, list] = {}
     for child in children:
@@ -73,6 +80,7 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
         assert tags["haepo.env"] == "haepo/ChainMDP-v0"
         assert tags["haepo.seed"] == str(trial.values["seed"])
         assert tags["haepo.node_ip"] and tags["haepo.hostname"]
+        check_provenance(tags)
         params = child.data.params
         assert float(params["lr"]) == trial.values["lr"]
         assert params["seed"] == str(trial.values["seed"])
@@ -197,27 +205,17 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
 # --------------------------------------------------------------------------- driver killed
 
 
-def _metric_rows(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            return conn.execute("select count(*) from metrics where key = 'training_iteration'").fetchone()[0]
-    except sqlite3.Error:
-        return 0
-
-
-def _sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -> list[str]:
-    """The arguments of `haepo sweep` for the killed-driver test."""
-    return ["sweep", str(spec), "--tracking-uri", uri, "--storage-path", str(results),
-            "--address", address, "--quiet", *extra]
+# The RL sweep's metrics, without its step key (training_iteration): the writer learns what
+# is logged from what the spec logs, whatever it is.
+LOGGED = ["time_total_s", ENV_STEPS, METRIC, "learners/*"]
 
 
 def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
-    """The first driver is a `haepo sweep` process, SIGKILLed mid-sweep; the second is the same
-    command line run in this process (one process importing RLlib fewer)."""
+    """The driver of an RL sweep that logs no training_iteration, SIGKILLed mid-sweep, then
+    resumed: every trial completes once, one MLflow run per trial, every (run, metric, step)
+    exactly once and none missing."""
     spec_data = yaml.safe_load(SMOKE.read_text())
-    spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2)
+    spec_data.update(name="resumable", max_failures=0, checkpoint_frequency=2, tracking={"metrics": LOGGED})
     spec_data["stop"] = {"iterations": 10}
     # Slow the iterations down so that the kill lands mid-sweep.
     spec_data["settings"]["min_time_s_per_iteration"] = 0.4
@@ -226,40 +224,13 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     results = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    env["PYTHONUNBUFFERED"] = "1"
+    args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
 
-    log = open(tmp_path / "first.log", "w")
-    command = [sys.executable, "-m", "haepo_ray.cli", *_sweep_args(spec_path, uri, results, address)]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            states = list(results.glob("resumable/*/experiment_state-*.json"))
-            if states and _metric_rows(db) >= 3:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the sweep ended before it could be killed:\n" + (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "no trial reported in time"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        log.close()
-    rows_before = _metric_rows(db)
-    assert rows_before >= 3
-
-    from haepo_ray.cli import main
-
+    kill_driver_when(args, tmp_path, lambda: bool(list(results.glob("resumable/*/experiment_state-*.json")))
+                     and metric_rows(db, "time_total_s") >= 3)
+    assert metric_rows(db, "time_total_s") >= 3
     monkeypatch.chdir(tmp_path)
-    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(key, raising=False)
-    code = main(_sweep_args(spec_path, uri, results, address, "--resume"))
-    second = capfd.readouterr()
-    assert code == 0, second.out[-3000:] + second.err[-3000:]
-    assert "(resuming)" in second.out
+    resume_driver(args, monkeypatch, capfd)
 
     (run_dir,) = list(results.glob("resumable/*"))
     assert not (run_dir / "mlflow_not_logged.jsonl").exists(), (run_dir / "mlflow_not_logged.jsonl").read_text()
@@ -267,8 +238,6 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     trials = summary["trials"]
     assert len(trials) == 4
     assert all(t["status"] == "TERMINATED" and t["iterations"] == 10 for t in trials), trials
-
-    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("resumable")
@@ -282,11 +251,14 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
         c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}
     all_runs = client.search_runs([exp.experiment_id])
     assert len(all_runs) == 1 + len(trials), "duplicate runs in MLflow"
+    rows = logged_rows(uri, "resumable")
+    assert not {k: n for k, n in rows.items() if n > 1}, "(run, metric, step) logged more than once"
     for child in children:
         assert child.info.status == "FINISHED"
-        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "training_iteration"))
-        assert len(steps) == len(set(steps)), f"duplicate steps {steps}"
-        assert steps[-1] == 10
+        assert "training_iteration" not in child.data.metrics
+        for key in ("time_total_s", ENV_STEPS, "learners/default_policy/weight_entropy"):
+            assert sorted(s for (run, k, s) in rows if run == child.info.run_id and k == key) == \
+                list(range(1, 11)), key
         assert {a.path for a in client.list_artifacts(child.info.run_id)} == {"checkpoint"}
 
 
@@ -368,6 +340,34 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
     assert child.data.tags["haepo.algorithm"] == "PPO"
     assert child.data.params["_train_batch_size_per_learner"] == "64"
     assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0  # the paper's episode metric
+
+
+def test_the_carried_metric_survives_a_restore(ray_session, tmp_path):
+    """A trial restored from a checkpoint (a retry, a resumed sweep, PBT's exploit into a
+    reused actor) carries on the metric value it had, not NaN. PPO on 32-step random walks
+    (never reaching the target) in 16-step batches: every second iteration ends an episode
+    (return 0). Checkpointed after the second, the actor takes another config and that
+    checkpoint, as PBT's exploit does; its next iteration, in a fresh episode, ends none."""
+    from haepo_ray.names import CARRIED_OVER
+
+    plan = parse_plan(_tiny(name="carry", algorithm="PPO", env="haepo/RandomWalk-v0",
+                            env_config={"target": 32, "horizon": 32},
+                            settings={"num_env_runners": 0, "batch_size": 16, "minibatch_size": 16,
+                                      "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}}), "carry.yaml")
+    trainable = sweep_trainable(plan.spec.algorithm, plan.spec.metric)(config=plan.trial_config({}).to_dict())
+    try:
+        results = [trainable.train(), trainable.train()]
+        assert [CARRIED_OVER in r for r in results] == [True, False]
+        assert math.isnan(results[0]["env_runners"][METRIC.split("/")[1]])
+        assert results[1]["env_runners"][METRIC.split("/")[1]] == 0.0
+        checkpoint = trainable.save(str(tmp_path / "checkpoint"))
+        assert trainable.reset_config(plan.trial_config({}).update_from_dict({"seed": 1}).to_dict())
+        trainable.restore(checkpoint)
+        after = trainable.train()
+    finally:
+        trainable.stop()
+    assert after[CARRIED_OVER] == [METRIC]
+    assert after["env_runners"][METRIC.split("/")[1]] == 0.0
 
 
 def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):

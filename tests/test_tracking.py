@@ -141,6 +141,40 @@ def test_a_retried_create_finds_the_run_whose_reply_was_lost(tmp_path):
     assert not calls.not_logged
 
 
+def test_a_resumed_writer_completes_the_partly_written_step_and_logs_nothing_twice(tmp_path):
+    """A killed driver left a language-model trial's run with updates 1-3 and part of update 4
+    (MLflow's per-call limit split it). The resumed writer gets the run's results again, as a
+    resumed sweep re-reads them and its restored trial repeats them: it logs the rest of
+    update 4 and update 5, nothing twice, whatever the step key (here ``update``, which
+    this spec does not log as a metric)."""
+    from mlflow.entities import Metric
+
+    from haepo_ray.tracking.retry import MLflowCalls
+    from haepo_ray.tracking.writer import Metrics, MLflowWriter, StartRun
+
+    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=0))
+    client = calls.connect()
+    exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
+    child = client.create_run(exp, tags={"mlflow.parentRunId": parent, "haepo.trial_id": "t1"}).info.run_id
+    keys = ("reward_mean", "loss")
+    client.log_batch(child, metrics=[Metric(k, float(s), 0, s) for s in (1, 2, 3) for k in keys]
+                     + [Metric("reward_mean", 4.0, 0, 4)])
+    writer = MLflowWriter(calls, flush_interval_s=0)
+    writer.start(exp, parent, {"t1": child})
+    writer.put(StartRun("t1", "trial_1", {"haepo.trial_id": "t1"}, {}))
+    for step in (1, 2, 3, 4, 3, 4, 5):
+        writer.put(Metrics("t1", step, 1, {k: float(step) for k in keys}))
+    writer.stop()
+
+    for key in keys:
+        history = client.get_metric_history(child, key)
+        assert sorted(m.step for m in history) == [1, 2, 3, 4, 5], key
+        assert all(m.timestamp == 0 for m in history if m.step < 4 or key == "reward_mean" and m.step == 4)
+    assert client.get_run(child).data.tags["haepo.replayed_steps"] == "6"  # 1-4, then 3 and 4 again
+    assert not calls.not_logged
+
+
 def test_bad_settings_say_what_is_wrong():
     with pytest.raises(ValueError, match="retries .HAEPO_MLFLOW_RETRIES. must be >= 0, got -1"):
         tracking.RetryPolicy(retries=-1)
@@ -171,9 +205,10 @@ def _free_port() -> int:
 
 
 class MLflowServer:
-    """A real ``mlflow server`` on 127.0.0.1, in its own process group."""
+    """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
+    ``root/server.db`` or on ``backend`` (a database URI)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
         self.root = root
         self.port = _free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
@@ -181,8 +216,8 @@ class MLflowServer:
         self.log = open(root / "server.log", "w")
         mlflow = Path(sys.executable).with_name("mlflow")
         self.proc = subprocess.Popen(
-            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.db}",
+            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
+             "--backend-store-uri", backend or f"sqlite:///{self.db}",
              "--artifacts-destination", str(root / "artifacts")],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             # No job execution: it starts a second process (huey consumer) that imports

@@ -21,7 +21,9 @@ set -euo pipefail
 : "${MLFLOW_ARTIFACTS_DESTINATION:?set MLFLOW_ARTIFACTS_DESTINATION, e.g. s3://BUCKET/mlflow}"
 
 urlquote() { python -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1"; }
-server="postgresql://$(urlquote "$POSTGRES_USER"):$(urlquote "$POSTGRES_PASSWORD")@${POSTGRES_HOST}:${POSTGRES_PORT:-5432}"
+# The driver by name: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, and the image
+# installs psycopg2 (tests/test_postgres.py runs MLflow on PostgreSQL with this URI form).
+server="postgresql+psycopg2://$(urlquote "$POSTGRES_USER"):$(urlquote "$POSTGRES_PASSWORD")@${POSTGRES_HOST}:${POSTGRES_PORT:-5432}"
 
 # MLflow reads the backend store from the environment (not from argv).
 export MLFLOW_BACKEND_STORE_URI="$server/${POSTGRES_DB:-mlflow}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from haepo_ray.cli.args import add_experiment, add_tracking_uri
@@ -17,19 +18,28 @@ def add_parser(subparsers) -> None:
     add_experiment(report, "an MLflow experiment (a sweep's name; repeatable; default: all)", repeat=True)
     report.add_argument("--out", default=str(Path(".haepo") / "report"), metavar="DIR",
                         help="output folder (default .haepo/report)")
+    report.add_argument("--include-unfinished", action="store_true",
+                        help="aggregate failed, killed and still running trials too (default: "
+                             "only finished ones; the others are listed apart)")
+    report.add_argument("--require-commit", metavar="SHA",
+                        help="refuse (exit 2) when a run was not made by this git commit (runs "
+                             "record theirs); bench/reproduce.sh passes its checkout's")
     add_tracking_uri(report)
     report.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from haepo_ray.report import build_report, to_text
+    from haepo_ray.report import ProvenanceError, build_report, report_text
     from haepo_ray.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri, create=False)
     try:
-        report = build_report(uri, args.experiment, args.out)
-    except LookupError as err:
+        report = build_report(uri, args.experiment, args.out, include_unfinished=args.include_unfinished,
+                              require_commit=args.require_commit)
+    except (LookupError, ProvenanceError) as err:
         raise UsageError(str(err.args[0])) from None
-    print(to_text(report.table))
+    print(report_text(report))
+    for warning in report.warnings:  # again where a script's reader looks for trouble
+        print(f"WARNING: {warning}", file=sys.stderr)
     print(f"\n{len(report.figures)} figures, results.csv, results.md and index.html in {report.out.resolve()}")
     return 0

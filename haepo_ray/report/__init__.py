@@ -12,7 +12,14 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
   own table, the CSV holds both;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
-  no network access needed).
+  no network access needed);
+- ``unfinished.csv`` when some trials did not finish (failed, killed, still running): they
+  are listed apart in every output and left out of the aggregates unless
+  ``include_unfinished`` (:mod:`~haepo_ray.report.status`);
+- ``provenance.csv``: per configuration, the code version, machine and Ray/RLlib/PyTorch
+  versions that made its runs, in every output too, with a warning for an experiment whose
+  runs mix code versions (:mod:`~haepo_ray.report.provenance`). With ``require_commit`` the
+  report refuses runs made by another commit.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ import pandas as pd
 
 from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
+from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
 from haepo_ray.report.runs import load_trials
+from haepo_ray.report.status import aggregated, unfinished_table
 from haepo_ray.tables import cell, format_table
 
-__all__ = ["Report", "build_report"]
+__all__ = ["ProvenanceError", "Report", "build_report", "report_text"]
 
 
 @dataclass
@@ -41,30 +50,52 @@ class Report:
     table: pd.DataFrame
     groups: list[Group]
     figures: list[Figure]
+    unfinished: pd.DataFrame  # trials whose runs did not finish (:func:`unfinished_table`)
+    provenance: pd.DataFrame  # per configuration (:func:`provenance_table`)
+    warnings: list[str]  # mixed code versions, uncommitted changes
+    include_unfinished: bool = False
+
+    @property
+    def extras(self) -> list[tuple[str, pd.DataFrame]]:
+        """The tables after the results, with their titles: the trials that did not finish
+        (when some did not), the provenance."""
+        how = "included in" if self.include_unfinished else "left out of"
+        extras = [(f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished)]
+        return [e for e in extras if len(e[1])] + [("Provenance (code, machine, libraries)", self.provenance)]
 
     @property
     def index(self) -> Path:
         return self.out / "index.html"
 
 
-def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str | Path) -> Report:
-    """Reads the experiments' sweeps from MLflow and writes the report to ``out``.
+def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str | Path, *,
+                 include_unfinished: bool = False, require_commit: str | None = None) -> Report:
+    """Reads the experiments' sweeps from MLflow and writes the report to ``out``; trials
+    whose runs did not finish are aggregated only with ``include_unfinished``.
 
-    Raises ``LookupError`` when an experiment is missing or no trial is found.
+    Raises ``LookupError`` when an experiment is missing, no trial is found, or none
+    finished and unfinished ones are not included; :class:`ProvenanceError`, before writing
+    anything, when ``require_commit`` is given and some run was made by another commit.
     """
     experiments = list(experiments or [])
     trials = load_trials(tracking_uri, experiments)
     if not trials:
         raise LookupError(f"no sweep trials found at {tracking_uri}"
                           + (f" in experiments {experiments}" if experiments else ""))
+    warnings = mixed_code_versions(trials) + (check_commit(trials, require_commit) if require_commit else [])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    groups = group_trials(trials)
+    groups = group_trials(aggregated(trials, include_unfinished))
     table = results_table(groups)
+    unfinished, provenance = unfinished_table(trials), provenance_table(groups)
     table.to_csv(out / "results.csv", index=False)
-    (out / "results.md").write_text(to_markdown(table) + "\n")
+    if len(unfinished):
+        unfinished.to_csv(out / "unfinished.csv", index=False)
+    provenance.to_csv(out / "provenance.csv", index=False)
     figures = write_figures(groups, out)
-    report = Report(out, table, groups, figures)
+    report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished)
+    extras = "".join(f"\n\n{title}:\n\n{_markdown(t)}" for title, t in report.extras)
+    (out / "results.md").write_text(_warning_lines(report) + to_markdown(table) + extras + "\n")
     report.index.write_text(render_html(report, tracking_uri))
     return report
 
@@ -82,16 +113,33 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
+def _warning_lines(report: Report) -> str:
+    return "".join(f"WARNING: {w}\n\n" for w in report.warnings)
+
+
 def to_text(table: pd.DataFrame) -> str:
     """The table for a terminal: aligned columns, one table per kind of trial."""
-    return "\n\n".join(format_table(list(part.columns), list(part.itertuples(index=False)), rule=False)
-                       for part in by_kind(table))
+    return "\n\n".join(_text(part) for part in by_kind(table))
+
+
+def _text(table: pd.DataFrame) -> str:
+    return format_table(list(table.columns), list(table.itertuples(index=False)), rule=False)
+
+
+def report_text(report: Report) -> str:
+    """What ``haepo report`` prints: its warnings, the results tables, then the trials that
+    did not finish and the provenance."""
+    extras = "".join(f"\n\n{title}:\n{_text(t)}" for title, t in report.extras)
+    return _warning_lines(report) + to_text(report.table) + extras
 
 
 def render_html(report: Report, tracking_uri: str) -> str:
     """index.html: the results tables, then every figure (PNG embedded as a data URI)."""
     table = "\n".join(part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
                       for part in by_kind(report.table))
+    for title, extra in report.extras:
+        table += f"\n<h2>{html.escape(title)}</h2>\n" + extra.to_html(index=False, border=0, classes="extra")
+    warnings = "".join(f'<p class="warning">WARNING: {html.escape(w)}</p>\n' for w in report.warnings)
     sections = []
     for section in dict.fromkeys(f.section for f in report.figures):
         images = []
@@ -107,8 +155,9 @@ def render_html(report: Report, tracking_uri: str) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>haepo-ray report</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em; color: #222; }}
-table.results {{ border-collapse: collapse; font-size: 0.85em; }}
-table.results th, table.results td {{ padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: left; }}
+table.results, table.extra {{ border-collapse: collapse; font-size: 0.85em; }}
+table.results th, table.results td, table.extra th, table.extra td {{ padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: left; }}
+p.warning {{ color: #a40000; font-weight: bold; }}
 figure {{ display: inline-block; margin: 1em; vertical-align: top; }}
 figure img {{ max-width: 640px; }}
 figcaption {{ font-size: 0.8em; }}
@@ -121,7 +170,7 @@ iterations (RL updates for language models); per environment (or model and data 
 curves show every configuration of a sweep of up to four, and the best one, by final return
 (reward), of a larger grid (its heatmaps show the rest). Language models: final values, peak
 memory over updates and phases, seconds per RL update.</p>
-{table}
+{warnings}{table}
 {chr(10).join(sections)}
 </body></html>
 """

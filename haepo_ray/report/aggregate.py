@@ -2,9 +2,11 @@
 the results table.
 
 Each trial's curve is interpolated linearly onto the group's grid (as the paper's figures,
-"interpolated to a common grid"); a trial that stopped early (e.g. on reaching its target
-return) holds its last value to the end of the grid. Updates are the trials' steps: training
-iterations of RL trials, RL updates of language-model ones (:mod:`~haepo_ray.report.kinds`).
+"interpolated to a common grid"); a finished trial that stopped early (e.g. on reaching its
+target return) holds its last value to the end of the grid, an unfinished one (failed, killed,
+still running; only with ``--include-unfinished``) ends where its run ended, and each point
+is the mean over the trials that reach it. Updates are the trials' steps: training iterations
+of RL trials, RL updates of language-model ones (:mod:`~haepo_ray.report.kinds`).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ class Group:
     def curve(self, metric: str, x: str = ITERATION, points: int = GRID_POINTS) -> pd.DataFrame:
         """``metric`` against ``x`` (a step, ``training_iteration`` or ``update``, or seconds,
         ``time_total_s`` or ``train_time_s``) on a common grid from 0 to the longest trial's
-        end: columns ``mean``, ``std`` (population, over seeds) and ``n``."""
-        xs, ys = [], []
+        end: columns ``mean``, ``std`` (population, over the seeds that reach the point) and
+        ``n`` (how many do)."""
+        xs, ys, ends = [], [], []
         for trial in self.trials:
             frame = trial.curves.reset_index()
             if x not in frame or metric not in frame:
@@ -65,15 +68,18 @@ class Group:
                 continue
             xs.append(frame[x].to_numpy(float))
             ys.append(frame[metric].to_numpy(float))
+            ends.append(ys[-1][-1] if trial.finished else np.nan)
         if not xs:
             return pd.DataFrame(columns=["mean", "std", "n"])
         end = max(float(v.max()) for v in xs)
         grid = np.linspace(0.0, end, points) if x not in STEPS else np.arange(1, int(end) + 1, dtype=float)
-        stacked = np.vstack([np.interp(grid, v, y) for v, y in zip(xs, ys)])
-        return pd.DataFrame(
-            {"mean": stacked.mean(axis=0), "std": stacked.std(axis=0), "n": len(xs)},
-            index=pd.Index(grid, name=x),
-        )
+        stacked = np.vstack([np.interp(grid, v, y, right=end) for v, y, end in zip(xs, ys, ends)])
+        n = (~np.isnan(stacked)).sum(axis=0)
+        reached = np.where(n > 0, n, 1)
+        mean = np.where(n > 0, np.nansum(stacked, axis=0) / reached, np.nan)
+        std = np.sqrt(np.nansum((stacked - mean) ** 2, axis=0) / reached)
+        return pd.DataFrame({"mean": mean, "std": np.where(n > 0, std, np.nan), "n": n},
+                            index=pd.Index(grid, name=x))
 
     def final(self, metric: str) -> np.ndarray:
         """Each trial's last reported value of ``metric`` (NaN where it has none)."""
@@ -109,19 +115,21 @@ def group_trials(trials: list[Trial]) -> list[Group]:
     return [Group(exp, algo, label, members) for (exp, algo, _, label), members in sorted(groups.items())]
 
 
-IDENTITY = ("experiment", "algorithm", "model", "data", "config", "seeds", "updates")  # the table's first columns
+IDENTITY = ("experiment", "algorithm", "model", "data", "config", "seeds", "unfinished",
+            "updates")  # the table's first columns
 
 
 def results_table(groups: list[Group]) -> pd.DataFrame:
     """One row per group: what ran (a language-model group also names its model and data
-    set), seeds, updates, and its kind's table metrics (mean and std over seeds); RL groups
-    also wall-clock seconds per 100 updates. RL and language-model rows share one table, a
-    column empty where a kind has no such metric (:func:`by_kind` splits it again)."""
+    set), seeds (and, where unfinished trials are included, how many of them did not finish),
+    updates, and its kind's table metrics (mean and std over seeds); RL groups also wall-clock
+    seconds per 100 updates. RL and language-model rows share one table, a column empty where
+    a kind has no such metric (:func:`by_kind` splits it again)."""
     rows = []
     for g in groups:
         row = {"experiment": g.experiment, "algorithm": g.algorithm, **g.trials[0].subject,
                "config": g.config_label, "seeds": len(g.trials),
-               "updates": _updates(g)}
+               "unfinished": sum(not t.finished for t in g.trials), "updates": _updates(g)}
         for name, metric, how in g.kind.table:
             values = g.per_trial(metric, how)
             if np.isnan(values).all():
@@ -132,6 +140,8 @@ def results_table(groups: list[Group]) -> pd.DataFrame:
             row["s / 100 updates"] = float(np.nanmean(g.seconds_per_100_updates()))
         rows.append(row)
     table = pd.DataFrame(rows)
+    if not table["unfinished"].any():
+        table = table.drop(columns="unfinished")
     return table[[c for c in IDENTITY if c in table] + [c for c in table if c not in IDENTITY]]
 
 

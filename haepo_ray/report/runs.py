@@ -4,7 +4,9 @@ A trial's *configuration* is its search-space values without the seed (the tag
 ``haepo.search_values`` that :mod:`haepo_ray.tracking` writes: spec name -> value); trials of
 one experiment and algorithm with the same configuration are seeds of one *group*. Each trial
 carries its metric histories, indexed by its step: the training iteration of an RL trial, the
-RL update of a language-model trial (tag ``haepo.model``; :mod:`~haepo_ray.report.kinds`).
+RL update of a language-model trial (tag ``haepo.model``; :mod:`~haepo_ray.report.kinds`), and
+its run's status: only ``FINISHED`` runs ran to their end (failed, killed and still running
+ones are :mod:`~haepo_ray.report.status`'s business).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ REGRET = names.REGRET_PER_STEP
 SUCCESS = names.SUCCESS_RATE
 ENTROPY_KEYS = names.POLICY_ENTROPY_KEYS
 SEED_KEYS = ("seed",)
+FINISHED = "FINISHED"
 # Search values a language-model trial's tags already name (its algorithm, model and data set:
 # a sweep over algorithms has "algorithm" in its search space); not part of its configuration.
 LLM_TAGGED_KEYS = ("algorithm", "model", "data")
@@ -49,6 +52,14 @@ class Trial:
     curves: pd.DataFrame = field(repr=False)  # index: the kind's step
     model: str | None = None  # language-model trials: the model and the data set
     data: str | None = None
+    status: str = FINISHED  # the MLflow run's: FINISHED, FAILED, KILLED, RUNNING, SCHEDULED
+    error: str = ""  # the trial's error (tag haepo.error), when it failed
+    provenance: dict[str, str] = field(default_factory=dict)  # tags of haepo_ray.provenance
+
+    @property
+    def finished(self) -> bool:
+        """The trial ran to its end (its stop criterion, its scheduler's decision)."""
+        return self.status == FINISHED
 
     @property
     def kind(self) -> Kind:
@@ -148,7 +159,9 @@ def _trial(client, experiment: str, run) -> Trial:
         values = {k: v for k, v in values.items() if k not in LLM_TAGGED_KEYS}
     trial = Trial(experiment=experiment, run_id=run.info.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
                   env=tags.get(names.ENV, "?"), seed=seed, config=values, params=dict(run.data.params),
-                  curves=pd.DataFrame(), model=model, data=tags.get(names.DATA))
+                  curves=pd.DataFrame(), model=model, data=tags.get(names.DATA), status=run.info.status,
+                  error=tags.get(names.ERROR, ""),
+                  provenance={k: v for k, v in tags.items() if k.startswith(names.PROVENANCE_PREFIXES)})
     trial.curves = _curves(client, run, trial.kind)
     return trial
 

@@ -18,7 +18,8 @@ next (``reuse_actors``), imports and all. Tune then keeps the checkpoints.
 *Workers.* :func:`worker_loop` runs :class:`~haepo_ray.llm.train.LLMRun` on each worker with
 the process group Ray Train set up (gloo on CPU, NCCL on GPU): whole prompt groups per worker,
 gradients summed, so W workers train what one does (:mod:`haepo_ray.llm.distributed`). One
-Tune result per RL update: the metric row flattened with ``/`` and ``train_time_s``.
+Tune result per RL update: the metric row flattened with ``/``, ``train_time_s`` and rank 0's
+provenance (:mod:`haepo_ray.provenance`).
 
 *Checkpoints and restarts.* Rank 0 checkpoints every ``checkpoint_frequency`` updates (the
 model, the reference, the optimiser, the output files) and at the end (the policy and the
@@ -81,6 +82,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
 
     from haepo_ray.llm.distributed import World
     from haepo_ray.llm.train import LLMRun
+    from haepo_ray.provenance import provenance
     from haepo_ray.tracking.schema import flatten
 
     session = session or ray.train
@@ -108,7 +110,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
             for row in run.rl():
                 train_time += row["time_s"]
                 final = run.update == settings.rl_updates
-                metrics = {**flatten(row), names.LLM_TRAIN_TIME: train_time}
+                metrics = {**flatten(row), names.LLM_TRAIN_TIME: train_time, names.PROVENANCE: provenance()}
                 metrics.pop("phase")
                 with tempfile.TemporaryDirectory(prefix="haepo-llm-checkpoint-") as folder:
                     saved = None

@@ -100,6 +100,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
     """The sweep's MLflow callback: one parent run, one child per trial; ``retry``:
     ``retries``, ``backoff_s``, ``timeout_s`` (:class:`haepo_ray.tracking.RetryPolicy`)."""
     from haepo_ray import names, tracking
+    from haepo_ray.provenance import provenance
 
     spec = plan.spec
     algorithm = spec.algorithm or ",".join(map(str, spec.search_space["algorithm"].values))
@@ -130,6 +131,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
         artifact_location=tracking.artifact_location_for(tracking_uri),
         parent_params=params,
         parent_tags={
+            **provenance(),  # the driver's; each trial's run gets its own from its results
             names.ALGORITHM: algorithm,
             **subject_tags,
             names.SPEC: spec.source or "",

@@ -16,19 +16,26 @@ or NaN metric carries its last value forward (NaN before the first), as RLlib's 
 did with its smoothing window; the result names it under
 :data:`~haepo_ray.names.CARRIED_OVER`, and MLflow tracking does not log carried values.
 
-Checkpoints are the algorithm's own (``Algorithm.from_checkpoint`` loads them).
+Checkpoints are the algorithm's own (``Algorithm.from_checkpoint`` loads them), plus
+:data:`CARRIED_FILE` with the carried value, so that a trial restored from a checkpoint
+(a retry, a resumed sweep, a PBT exploit) carries on the value it had, not NaN.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from functools import cache
 from typing import Any
 
 from ray import tune
 from ray.tune.result import RESULT_DUPLICATE
 
-from haepo_ray.names import CARRIED_OVER
+from haepo_ray.names import CARRIED_OVER, PROVENANCE
+from haepo_ray.provenance import provenance
+
+CARRIED_FILE = "haepo_carried_metric.json"  # in the checkpoint: {"value": the carried metric}
 
 
 class SweepTrainable(tune.Trainable):
@@ -56,7 +63,9 @@ class SweepTrainable(tune.Trainable):
 
     def train(self) -> dict[str, Any]:
         # After Tune's own keys (training_iteration, time_total_s, ...) are in the result.
-        return self._with_metric(super().train())
+        result = super().train()
+        result[PROVENANCE] = provenance()  # what trains this trial (MLflow tags its run)
+        return self._with_metric(result)
 
     def _with_metric(self, result: dict[str, Any]) -> dict[str, Any]:
         if self.metric is None or RESULT_DUPLICATE in result:
@@ -78,9 +87,15 @@ class SweepTrainable(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         self.algo._iteration = self.iteration
         self.algo.save_checkpoint(checkpoint_dir)
+        with open(os.path.join(checkpoint_dir, CARRIED_FILE), "w") as f:
+            json.dump({"value": self._last_metric}, f)  # NaN as JSON's NaN
 
     def load_checkpoint(self, checkpoint: str | dict) -> None:
         self.algo.load_checkpoint(checkpoint)
+        path = os.path.join(checkpoint, CARRIED_FILE) if isinstance(checkpoint, str) else ""
+        if os.path.isfile(path):  # checkpoints of older versions lack it
+            with open(path) as f:
+                self._last_metric = json.load(f)["value"]
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self.algo.stop()

@@ -8,12 +8,14 @@ What it writes (names in :mod:`haepo_ray.names`, forms in :mod:`haepo_ray.tracki
   (tags ``haepo.best_trial_id`` / ``haepo.best_run_id``, metric ``best/<metric>``) and
   ``summary.json``;
 - one child per trial (``mlflow.parentRunId`` = the parent; tag ``haepo.trial_id``): params =
-  the trial's config flattened with ``/``; metrics every training iteration with
-  ``step=training_iteration`` (the keys matching ``SweepTracking.metrics``, among them
-  wall-clock ``time_total_s`` and env steps ``env_runners/num_env_steps_sampled_lifetime``);
+  the trial's config flattened with ``/``; metrics of every result, with ``step`` = the
+  sweep's step key (``training_iteration``, or ``update`` for language models): the keys
+  matching ``SweepTracking.metrics``, among them wall-clock ``time_total_s`` and env steps
+  ``env_runners/num_env_steps_sampled_lifetime``, each (run, metric, step) once;
   tags algorithm, env, seed, trial id/name, the trial's search values by their spec names
-  (``haepo.search_values``) and its Ray node (ip and host name); the final checkpoint as
-  artifacts under ``checkpoint/``.
+  (``haepo.search_values``), its Ray node (ip and host name) and the provenance its results
+  carry (code version, machine, library versions: :mod:`haepo_ray.provenance`); the final
+  checkpoint as artifacts under ``checkpoint/``.
 
 Runs are found again, never duplicated: a resumed sweep finds its parent by the tag
 ``haepo.sweep_dir`` and every trial's child by ``haepo.trial_id``; after a driver crash, what
@@ -51,6 +53,7 @@ from haepo_ray.tracking.schema import (
     tag_values,
 )
 from haepo_ray.tracking.retry import MLflowCalls, NotLogged, RetryPolicy
+from haepo_ray.tracking.trial_files import checkpoint_of, results_on_disk
 from haepo_ray.tracking.writer import EndParent, EndRun, Metrics, MLflowWriter, StartRun, Summary, Tags
 
 logger = logging.getLogger(__name__)
@@ -140,7 +143,7 @@ class MLflowSweepCallback(Callback):
         self._earlier_runs: dict[str, str] = {}  # trial_id -> child run of an earlier session
         self._earlier_status: dict[str, str] = {}  # trial_id -> that run's MLflow status
         self._reconciled = False
-        self._node: dict[str, tuple[str, str]] = {}
+        self._result_tags: dict[str, dict[str, str]] = {}  # trial_id -> node and provenance tags
         self._started_trials: set[str] = set()
         self._started = False
         self._closed = False
@@ -269,10 +272,11 @@ class MLflowSweepCallback(Callback):
             if logged in ("FINISHED", "FAILED"):
                 continue  # its end was written, so was everything queued before it
             self._enqueue_start(trial)
-            for row in _results_on_disk(trial):
+            for row in results_on_disk(trial):
                 step = int(row.get(self.settings.step_key, 0) or 0)
                 ts = int(float(row.get("timestamp", time.time())) * 1000)
                 self._writer.put(Metrics(trial.trial_id, step, ts, select_metrics(row, self.settings.metrics)))
+                self._tag_result(trial, row)
             if status == "TERMINATED" and logged != "FINISHED":
                 self._enqueue_end(trial, "FINISHED")
             elif status == "ERROR" and logged != "FAILED":
@@ -303,10 +307,16 @@ class MLflowSweepCallback(Callback):
             if is_metric_value(value):
                 values[sanitize_key(f"config/{key}")] = float(value)
         self._writer.put(Metrics(trial.trial_id, step, int(time.time() * 1000), values))
-        node = (str(result.get("node_ip", "")), str(result.get("hostname", "")))
-        if self._node.get(trial.trial_id) != node:
-            self._node[trial.trial_id] = node
-            self._writer.put(Tags(trial.trial_id, {names.NODE_IP: node[0], names.HOSTNAME: node[1]}))
+        self._tag_result(trial, result)
+
+    def _tag_result(self, trial, result: Mapping[str, Any]) -> None:
+        """Tags the trial's run with the node and provenance of a result, when they changed
+        (a trial restored on another node)."""
+        tags = {names.NODE_IP: str(result.get("node_ip", "")), names.HOSTNAME: str(result.get("hostname", "")),
+                **(result.get(names.PROVENANCE) or {})}
+        if self._result_tags.get(trial.trial_id) != tags:
+            self._result_tags[trial.trial_id] = tags
+            self._writer.put(Tags(trial.trial_id, tags))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         if self._active():
@@ -383,47 +393,6 @@ class MLflowSweepCallback(Callback):
         self._writer.put(StartRun(trial.trial_id, str(trial), tags, params_of(config)))
 
     def _enqueue_end(self, trial, status: str, error: str | None = None) -> None:
-        checkpoint = _checkpoint_of(trial) if self.settings.log_checkpoints else None
+        checkpoint = checkpoint_of(trial) if self.settings.log_checkpoints else None
         self._writer.put(EndRun(trial.trial_id, status, checkpoint, error, trial.num_failures,
                                 self.settings.checkpoint_root_files))
-
-
-def _checkpoint_of(trial) -> Any:
-    """Tune's checkpoint of the trial, or the one Ray Train reported last (a Train run inside
-    the trial keeps its checkpoints itself and reports their path)."""
-    try:
-        if trial.checkpoint is not None:
-            return trial.checkpoint
-        path = (trial.last_result or {}).get(names.CHECKPOINT_PATH)
-        if not path:
-            return None
-        from ray.train import Checkpoint
-
-        return Checkpoint(path, filesystem=trial.storage.storage_filesystem)
-    except Exception:  # pragma: no cover - Tune internals
-        return None
-
-
-def _results_on_disk(trial) -> list[dict[str, Any]]:
-    """The results Tune wrote for ``trial`` (``result.json``: one JSON object per line), from
-    whichever of its folders (driver staging, storage) holds the most."""
-    best: list[dict[str, Any]] = []
-    for attr in ("local_path", "path"):
-        try:
-            folder = getattr(trial, attr, None)
-        except Exception:  # pragma: no cover - Tune internals
-            folder = None
-        if not folder or "://" in str(folder):
-            continue
-        path = Path(folder) / "result.json"
-        if not path.is_file():
-            continue
-        rows = []
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by the crash
-        if len(rows) > len(best):
-            best = rows
-    return best

@@ -7,9 +7,10 @@ wait for and end the thread); a message's ``what`` names it in the not-logged re
 thread gathers metrics for ``flush_interval_s`` and writes them in batches, through retried
 calls (:mod:`haepo_ray.tracking.retry`).
 
-A trial restored from a checkpoint (retry, resume) reports again steps it already reported:
-those are not logged again (the first values stay; the tag ``haepo.replayed_steps`` counts
-them).
+A trial restored from a checkpoint (retry, resume) reports again steps it already reported,
+and a resumed sweep re-reads the results its killed driver had not written: what the run
+holds is not logged again (:mod:`haepo_ray.tracking.logged`; the first values stay, the tag
+``haepo.replayed_steps`` counts the steps reported again, over all sessions).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from haepo_ray import names
+from haepo_ray.tracking.logged import LoggedSteps, highest_steps
 from haepo_ray.tracking.queries import find_trial_run
 from haepo_ray.tracking.retry import MLflowCalls, short_error
 from haepo_ray.tracking.schema import MAX_METRICS_PER_BATCH, MAX_TAG_VALUE, sanitize_key, tag_values
@@ -49,7 +51,7 @@ class StartRun:
 
 @dataclass(frozen=True)
 class Metrics:
-    """One training iteration's metrics of a trial."""
+    """One result's metrics of a trial, at its step (the sweep's step key)."""
 
     what: ClassVar[str] = "metrics"
     trial_id: str
@@ -130,7 +132,7 @@ class MLflowWriter:
         self.run_ids: dict[str, str] = {}  # trial_id -> child run id, created or reopened here
         self.earlier_runs: dict[str, str] = {}  # trial_id -> child run id of an earlier session
         self.replayed_steps: Counter[str] = Counter()
-        self._last_step: dict[str, int] = {}
+        self._logged = LoggedSteps()
         self._lock = threading.Lock()
         self._queue: queue.Queue[Message] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -263,12 +265,12 @@ class MLflowWriter:
                                       lambda: self.client.get_run(run_id))
             if ok:
                 logged = run.data.params
-            if trial_id not in self._last_step:
-                ok, history = self.calls.call(
-                    "metrics", trial_id, f"history of {names.TRAINING_ITERATION} (resume)",
-                    lambda: self.client.get_metric_history(run_id, names.TRAINING_ITERATION))
-                if ok and history:
-                    self._last_step[trial_id] = max(m.step for m in history)
+                self.replayed_steps[trial_id] = int(run.data.tags.get(names.REPLAYED_STEPS, 0))
+            if ok and trial_id not in self._logged:
+                ok, steps = self.calls.call("metrics", trial_id, "steps already logged (resume)",
+                                            lambda: highest_steps(self.client, run_id, run.data.metrics))
+                if ok:
+                    self._logged.learn(trial_id, steps)
         self.calls.log_params(run_id, trial_id, {k: v for k, v in msg.params.items() if k not in logged})
 
     def _add_metrics(self, pending: dict[str, list[Metrics]], msg: Metrics) -> None:
@@ -277,12 +279,10 @@ class MLflowWriter:
                               f"step {msg.step}: {len(msg.values)} values (no child run)",
                               "the child run could not be created")
             return
-        last = self._last_step.get(msg.trial_id)
-        if last is not None and msg.step <= last:
-            self.replayed_steps[msg.trial_id] += 1
-            return
-        self._last_step[msg.trial_id] = msg.step
-        pending[msg.trial_id].append(msg)
+        values, replayed = self._logged.admit(msg.trial_id, msg.step, msg.values)
+        self.replayed_steps[msg.trial_id] += replayed
+        if values:
+            pending[msg.trial_id].append(Metrics(msg.trial_id, msg.step, msg.timestamp_ms, values))
 
     def _flush_metrics(self, pending: dict[str, list[Metrics]]) -> None:
         from mlflow.entities import Metric

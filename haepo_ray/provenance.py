@@ -1,0 +1,103 @@
+"""What made a run: the code version, the machine and the library versions, as MLflow tags.
+
+Computed once per process (:func:`provenance`): the sweep's driver tags its parent run with
+its own, each trial reports the provenance of the process that trains it with its results
+(:data:`~haepo_ray.names.PROVENANCE`), and the tracking callback tags the trial's run with it.
+
+- Code: the git commit of the checkout ``haepo_ray`` is imported from, and whether its tracked
+  files differ from that commit (``dirty``); always the installed package version too. An
+  install outside a git checkout (a wheel, a Ray runtime environment) has no commit.
+- Machine: CPU count and model, total memory, and the GPUs visible to the process (CUDA, as
+  PyTorch sees them: a Ray worker sees only the GPUs Ray gave it).
+- Versions: Ray, RLlib (which ships inside Ray, so it is Ray's), PyTorch, MLflow, Python.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from functools import cache
+from pathlib import Path
+
+from haepo_ray import names
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def code_version() -> dict[str, str]:
+    """The package version, and the git commit and dirty flag where the package is a git checkout."""
+    tags = {names.CODE_VERSION: _version("haepo-ray")}
+    package = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+
+    try:
+        git("ls-files", "--error-unmatch", "__init__.py")  # this checkout tracks the package
+        tags[names.CODE_COMMIT] = git("rev-parse", "HEAD")
+        tags[names.CODE_DIRTY] = str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
+    except (OSError, subprocess.SubprocessError):
+        pass  # no git, or not a checkout of haepo-ray: the package version stands alone
+    return tags
+
+
+def machine() -> dict[str, str]:
+    """CPUs (count and model), total memory in GiB, and the GPUs this process sees."""
+    import psutil
+
+    tags = {names.MACHINE_CPUS: str(os.cpu_count() or 0),
+            names.MACHINE_MEMORY_GB: f"{psutil.virtual_memory().total / 2**30:.1f}",
+            names.MACHINE_GPUS: _gpus()}
+    model = _cpu_model()
+    if model:
+        tags[names.MACHINE_CPU] = model
+    return tags
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _gpus() -> str:
+    """``0``, or ``2 x NVIDIA H100 80GB HBM3`` (one entry per distinct model)."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+        models = [torch.cuda.get_device_name(i) for i in range(count)]
+    except Exception:  # no torch, or a CUDA driver that does not answer
+        return "0"
+    if not count:
+        return "0"
+    return ", ".join(f"{models.count(m)} x {m}" for m in dict.fromkeys(models))
+
+
+def library_versions() -> dict[str, str]:
+    ray = _version("ray")
+    return {names.VERSION_RAY: ray, names.VERSION_RLLIB: ray, names.VERSION_TORCH: _version("torch"),
+            names.VERSION_MLFLOW: _version("mlflow"), names.VERSION_PYTHON: platform.python_version()}
+
+
+def provenance() -> dict[str, str]:
+    """This process's provenance tags (computed once per process)."""
+    return dict(_provenance())
+
+
+@cache
+def _provenance() -> dict[str, str]:
+    return {**code_version(), **machine(), **library_versions()}
