@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import time
@@ -18,7 +19,7 @@ from haepo_ray.cli import UsageError
 from haepo_ray.cli.llm_eval import add_parsers
 from haepo_ray.llm.eval_form import (
     GENERATIONS, generations_from_mlflow, pick_posts, read_generations, rouge_l, write_form)
-from haepo_ray.llm.eval_page import ANSWER_COLUMNS
+from haepo_ray.llm.eval_page import ANSWER_COLUMNS, EMPTY_SUMMARY
 from haepo_ray.llm.eval_score import KeyRow, format_scores, read_answers, read_key, score
 from haepo_ray.names import PARENT_RUN, ROLE
 
@@ -252,12 +253,14 @@ def mlflow_store(tmp_path):
     return uri, runs
 
 
-def test_records_come_from_the_trial_runs_in_mlflow(mlflow_store, tmp_path):
+def test_records_come_from_the_trial_runs_in_mlflow(mlflow_store, tmp_path, capfd):
     uri, runs = mlflow_store
     records = generations_from_mlflow("tldr", uri)
     assert {r.run_id: r.system for r in records} == runs and len(records) == 3 * 2 * len(PROMPTS)
     out = tmp_path / "form"
     assert _run(["eval-form", "--experiment", "tldr", "--tracking-uri", uri, "--out", str(out), "--posts", "3"]) == 0
+    printed = capfd.readouterr()
+    assert "Downloading artifacts" not in printed.out + printed.err  # no progress bar per run
     rows = list(csv.DictReader((out / "key.csv").open()))
     assert {r["run_id"]: (r["algorithm"], r["model"]) for r in rows} == runs
     html = (out / "form.html").read_text()
@@ -320,3 +323,12 @@ def test_form_filled_and_exported_in_headless_chromium_scores(files, tmp_path):
         want = base[algorithm] - (0.5 if model == MODELS[1] else 0)
         assert scores.cells[algorithm, model].mean == want and scores.cells[algorithm, model].raters == 1
     assert (scores.aligned, scores.votes) == (1 + (best[2] == 1), 2)
+
+
+def test_an_empty_completion_is_shown_as_empty_not_as_a_blank(files, tmp_path):
+    records = _records(files)
+    system = next(r.system for r in records if r.run_id == str(files[0]))  # blank in both its seeds
+    records = [dataclasses.replace(r, completion=" ") if r.system == system and r.update == 10 else r for r in records]
+    form, _ = write_form(pick_posts(records, 3, seed=4), tmp_path / "form")
+    html = form.read_text()
+    assert html.count(EMPTY_SUMMARY) == 3 and "<p> </p>" not in html  # that system, in each post

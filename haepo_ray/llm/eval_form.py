@@ -18,13 +18,15 @@ update; ``posts`` random prompts that every chosen run has; per post the slots s
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
+import os
 import random
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +104,21 @@ def _kind_name(kind) -> str:
     return "a number" if isinstance(kind, tuple) else {int: "an integer", str: "a string"}[kind]
 
 
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """MLflow draws a "Downloading artifacts" bar per file (one per trial run); the form's
+    command prints what it wrote instead."""
+    saved = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved
+
+
 def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generation]:
     """The records of every trial run (tag ``haepo.role`` = ``trial``, a sweep's child) of
     ``experiment`` that has a ``generations.jsonl`` artifact, each with its run id.
@@ -121,7 +138,7 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
     runs = [r for r in search_all_runs(client, exp.experiment_id, f"tags.`{ROLE}` = 'trial'")
             if PARENT_RUN in r.data.tags]
     records: list[Generation] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bars():
         for run in runs:
             run_id = run.info.run_id
             if GENERATIONS in {a.path for a in client.list_artifacts(run_id)}:

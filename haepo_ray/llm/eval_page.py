@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 SCALE = {1: "Poor", 2: "Fair", 3: "Good", 4: "Very Good", 5: "Excellent"}
 SCALE_TEXT = ", ".join(f"{n} {label}" for n, label in SCALE.items())
+EMPTY_SUMMARY = "(this summary is empty: the system wrote nothing)"  # rated like any other
 ANSWER_COLUMNS = ("form_id", "rater", "post", "slot", "rating", "closest")
 
 _CSS = """
@@ -34,6 +35,7 @@ body{font:16px/1.5 system-ui,sans-serif;max-width:52rem;margin:0 auto;padding:1r
 blockquote{white-space:pre-wrap;background:#f5f5f5;border-left:4px solid #888;margin:0;padding:.75rem 1rem}
 .summary{border:1px solid #ccc;border-radius:6px;padding:.5rem 1rem;margin:1rem 0}
 .summary p{white-space:pre-wrap;font-style:italic}
+.summary p.empty{font-style:normal;color:#777}
 .scale label,.closest{margin-right:1rem;white-space:nowrap}
 footer{position:fixed;bottom:0;left:0;right:0;background:#fff;border-top:1px solid #ccc;padding:.5rem 1rem}
 #status{color:#a00}
@@ -136,9 +138,10 @@ def _summary(post: int, slot: int, text: str) -> str:
     ratings = "".join(
         f'<label><input type="radio" class="rating" name="rating-{post}-{slot}" value="{n}"> '
         f"{n} {label}</label>" for n, label in SCALE.items())
+    shown = f"<p>{escape(text)}</p>" if text.strip() else f'<p class="empty">{EMPTY_SUMMARY}</p>'
     return f"""<div class="summary" data-slot="{slot}">
 <h3>Summary {slot}</h3>
-<p>{escape(text)}</p>
+{shown}
 <div class="scale">{ratings}</div>
 <label class="closest"><input type="radio" class="closest-choice" name="closest-{post}" value="{slot}">
 Closest to the author's TL;DR (one per post)</label>
