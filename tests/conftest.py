@@ -50,34 +50,33 @@ def tiny_lm():
 
 
 # How long the slow modules take in `make test`, in seconds: their tests' setup + call +
-# teardown summed (`make test PYTEST_ARGS=--durations=0`), measured 2026-11-23 20:26 UTC on the
-# 2-core machine, otherwise idle; issue 20's tests (test_postgres, test_provenance, the
-# killed drivers of test_llm_sweep and test_sweep_e2e, the carried metric) added as each
-# measured alone, 2026-11-24. Under pytest-xdist each module runs whole on one worker
-# (--dist loadfile, --no-loadscope-reorder) and a worker takes the next module from this order
-# when it is down to its last two tests: longest first keeps a long module from running alone
-# at the end while the other worker idles. A module not listed runs after these, in file
-# order, so a new slow module needs its line here.
+# teardown summed (`make test PYTEST_ARGS=--durations=0`), measured 2026-11-25 00:30-00:40 UTC
+# on the 2-core machine (541 tests in 10 min 20 s; light edits beside it). Under pytest-xdist
+# each module runs whole on one worker (--dist loadfile, --no-loadscope-reorder) and a worker
+# takes the next module from this order when it is down to its last two tests: longest first
+# keeps a long module from running alone at the end while the other worker idles. A module not
+# listed runs after these, in file order, so a new slow module needs its line here.
 MODULE_SECONDS = {
-    "test_sweep_e2e.py": 215,
     "test_llm_sweep.py": 185,
-    "test_multinode.py": 135,
-    "test_algorithm.py": 135,
+    "test_sweep_e2e.py": 160,
     "test_postgres.py": 130,
-    "test_report.py": 55,
+    "test_sweep_spec.py": 125,
+    "test_multinode.py": 120,
+    "test_algorithm.py": 115,
+    "test_llm_capacity.py": 75,
+    "test_llm_train.py": 60,
     "test_tracking.py": 40,
-    "test_provenance.py": 32,
-    "test_llm_train.py": 35,
-    "test_baselines.py": 25,
+    "test_report.py": 40,
+    "test_provenance.py": 30,
     "test_cli.py": 25,
-    "test_report_llm.py": 13,
-    "test_listwise.py": 11,
-    "test_sweep_spec.py": 11,
-    "test_dashboards.py": 10,
+    "test_baselines.py": 20,
+    "test_dashboards.py": 18,
+    "test_listwise.py": 17,
+    "test_report_llm.py": 12,
+    "test_sampling.py": 8,
     "test_cluster_files.py": 7,
-    "test_sampling.py": 7,
-    "test_devices.py": 7,
-    "test_llm_eval_form.py": 7,
+    "test_devices.py": 6,
+    "test_llm_eval_form.py": 3,
 }
 
 
