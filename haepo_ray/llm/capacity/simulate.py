@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -124,6 +125,18 @@ def _fake_mode() -> FakeTensorMode:
     return mode
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without two library warnings that a simulation raises and that say nothing of it: peft
+    compares the embeddings' data pointers after merging an adapter (fake tensors have none;
+    the tied embeddings stay tied), and transformers deprecates the name peft asks for
+    gradient checkpointing by."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor", category=UserWarning)
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def _tracked_cache(model: Any, tracker: LiveBytes) -> Any:
     """A ``DynamicCache`` whose tensors count as ``kv_cache``."""
     from transformers import DynamicCache
@@ -208,7 +221,7 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
     settings = dataclasses.replace(settings, device="cpu")
     tracker = LiveBytes(TARGETS[target])
-    with _fake_mode(), _attention(target), tracker:
+    with _quiet(), _fake_mode(), _attention(target), tracker:
         with tracker.category("parameters"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
         parameters = sum(p.numel() for p in model.parameters())
