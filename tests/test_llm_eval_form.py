@@ -9,6 +9,8 @@ import csv
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -332,3 +334,20 @@ def test_an_empty_completion_is_shown_as_empty_not_as_a_blank(files, tmp_path):
     form, _ = write_form(pick_posts(records, 3, seed=4), tmp_path / "form")
     html = form.read_text()
     assert html.count(EMPTY_SUMMARY) == 3 and "<p> </p>" not in html  # that system, in each post
+
+
+def test_the_form_and_the_report_import_no_ray(mlflow_store, tmp_path):
+    """Readers of a store (haepo llm eval-form, haepo report) run without Ray, as haepo_ray.llm does."""
+    uri, runs = mlflow_store
+    code = f"""
+import sys
+from haepo_ray.cli import main
+codes = [main(["llm", "eval-form", "--experiment", "tldr", "--tracking-uri", "{uri}", "--out", "{tmp_path / 'form'}",
+               "--posts", "2"]),
+         main(["report", "--experiment", "tldr", "--tracking-uri", "{uri}", "--out", "{tmp_path / 'report'}"])]
+print(codes, sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[0, 0] []"
+    assert (tmp_path / "form" / "form.html").is_file() and (tmp_path / "report" / "index.html").is_file()

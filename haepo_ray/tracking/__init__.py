@@ -8,9 +8,14 @@ logged from the Tune driver.
 - :mod:`~haepo_ray.tracking.writer`: the background thread that writes (typed messages);
 - :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
 - :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again.
+
+The callback (it subclasses Ray Tune's) loads on first use, so that readers of a store
+(``haepo report``, ``haepo llm eval-form``) import no Ray.
 """
 
-from haepo_ray.tracking.callback import MLflowSweepCallback, SweepTracking
+import importlib
+from typing import Any
+
 from haepo_ray.tracking.queries import find_sweep_runs, search_all_runs
 from haepo_ray.tracking.schema import (
     DEFAULT_METRICS,
@@ -48,3 +53,13 @@ __all__ = [
     "search_all_runs",
     "select_metrics",
 ]
+
+_LAZY = {"MLflowSweepCallback": "haepo_ray.tracking.callback", "SweepTracking": "haepo_ray.tracking.callback"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
