@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from haepo_ray.llm.objectives import backward, effective_num_trajectories, group_loss
+from haepo_ray.llm.objectives import OBJECTIVES, backward, effective_num_trajectories, group_loss, rows_per_prompt
 from haepo_ray.llm.rollout import sequence_logp, token_stats
-from haepo_ray.llm.settings import ObjectiveSettings
+from haepo_ray.llm.settings import ALGORITHMS, ObjectiveSettings
 from helpers import RETURNS
 from helpers import group_batch as _batch
 
@@ -144,6 +144,18 @@ def test_rows_of_a_group_must_be_consecutive(tiny_lm):
         group_loss(ObjectiveSettings(), shuffled, RETURNS["HAEPO"], torch.zeros(6, 1), group_rows=3)
     with pytest.raises(ValueError, match="6 rows do not split into groups of 4"):
         group_loss(ObjectiveSettings(), batch, RETURNS["HAEPO"], torch.zeros(6, 1), group_rows=4)
+
+
+def test_every_algorithm_has_one_objective_that_says_what_it_needs(tiny_lm):
+    assert sorted(OBJECTIVES) == sorted(ALGORITHMS)
+    needs = {name: (o.with_entropy, o.with_gold) for name, o in OBJECTIVES.items()}
+    assert needs == {"HAEPO": (False, False), "GRPO": (True, False), "DPO": (False, True)}
+    assert [rows_per_prompt(ObjectiveSettings(algo=a), 4) for a in ALGORITHMS] == [4, 4, 5]
+    _, tokenizer = tiny_lm
+    batch = _batch(tokenizer)
+    loss = group_loss(ObjectiveSettings(algo="GRPO"), batch, RETURNS["GRPO"], torch.zeros(6, 1), group_rows=3)
+    with pytest.raises(ValueError, match="GRPO needs the token entropies"):
+        loss(torch.zeros(6, 1), None)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -39,7 +39,7 @@ from haepo_ray.llm.rollout import Batch, sequence_logp, token_stats
 from haepo_ray.llm.settings import ObjectiveSettings
 from haepo_ray.loss import haepo_loss, is_fake
 
-__all__ = ["TokenLoss", "TokenStats", "backward", "chunks", "effective_num_trajectories", "gold_first",
+__all__ = ["OBJECTIVES", "Objective", "TokenLoss", "TokenStats", "backward", "chunks", "effective_num_trajectories", "gold_first",
            "group_loss", "rows_per_prompt"]
 
 # (token_logp, token_entropy or None) -> scalar loss
@@ -55,9 +55,57 @@ def _haepo_traj_logp(token_logp: Tensor, mask: Tensor, settings: ObjectiveSettin
     return traj_logp / settings.weight_temperature
 
 
+class Objective:
+    """One algorithm's loss on an update's groups of completions; :data:`OBJECTIVES` holds one
+    per algorithm, as the RL side picks a learner class per algorithm."""
+
+    with_entropy: bool = False  # needs the policy's token entropies
+    with_gold: bool = False  # each group starts with its prompt's gold summary, preferred to the samples
+
+    def group_losses(self, s: ObjectiveSettings, token_logp: Tensor, token_entropy: Tensor | None,
+                     ref_token_logp: Tensor, mask: Tensor, returns: Tensor, groups: list[slice]) -> list[Tensor]:
+        """The loss of each group (rows ``groups[i]``) from per-row token quantities [N, T]."""
+        raise NotImplementedError
+
+
+class HAEPOObjective(Objective):
+    """:func:`haepo_ray.loss.haepo_loss` on each group's L_k (length-normalised, tempered)."""
+
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, mask, returns, groups):
+        traj = _haepo_traj_logp(token_logp, mask, s)
+        ref = _haepo_traj_logp(ref_token_logp, mask, s)
+        return [haepo_loss(traj[g], ref[g], returns[g], beta_ent=s.beta_ent, beta_kl=s.beta_kl,
+                           normalization=s.normalization).loss for g in groups]
+
+
+class GRPOObjective(Objective):
+    """:func:`haepo_ray.baselines.losses.grpo_token_loss` with tokens as steps, the group as the
+    batch and the current policy as the behaviour policy."""
+
+    with_entropy = True
+
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, mask, returns, groups):
+        return [grpo_token_loss(token_logp[g], token_logp[g].detach(), ref_token_logp[g], token_entropy[g], mask[g],
+                                returns[g], clip_param=s.clip_param, beta_kl=s.beta_kl, beta_ent=s.beta_ent,
+                                normalization=s.normalization).loss for g in groups]
+
+
+class DPOObjective(Objective):
+    """:func:`haepo_ray.baselines.losses.dpo_loss` on [gold, sample_1..sample_M], gold preferred."""
+
+    with_gold = True
+
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, mask, returns, groups):
+        traj, ref = sequence_logp(token_logp, mask), sequence_logp(ref_token_logp, mask)
+        return [dpo_loss(traj[g], ref[g], returns[g], beta=s.dpo_beta).loss for g in groups]
+
+
+OBJECTIVES: dict[str, Objective] = {"HAEPO": HAEPOObjective(), "GRPO": GRPOObjective(), "DPO": DPOObjective()}
+
+
 def rows_per_prompt(settings: ObjectiveSettings, group_size: int) -> int:
     """Rows of one prompt in an update's batch: its samples, after its gold summary for DPO."""
-    return group_size + 1 if settings.algo == "DPO" else group_size
+    return group_size + OBJECTIVES[settings.algo].with_gold
 
 
 def gold_first(num_prompts: int, group_size: int) -> Tensor:
@@ -86,32 +134,15 @@ def group_loss(
 
     ``returns`` are the rewards R_k, ``ref_token_logp`` the reference policy's token
     log-probs, both per row of ``batch``, whose rows come in groups of ``group_rows`` per
-    prompt; the loss is the mean over prompts of each group's loss.
+    prompt; the loss is the mean over prompts of each group's loss (:data:`OBJECTIVES`).
     """
-    mask = batch.completion_mask
-    groups = _groups(batch, group_rows)
+    objective, mask, groups = OBJECTIVES[settings.algo], batch.completion_mask, _groups(batch, group_rows)
 
     def loss(token_logp: Tensor, token_entropy: Tensor | None) -> Tensor:
-        per_group = []
-        if settings.algo == "HAEPO":
-            traj = _haepo_traj_logp(token_logp, mask, settings)
-            ref = _haepo_traj_logp(ref_token_logp, mask, settings)
-            for g in groups:
-                per_group.append(haepo_loss(traj[g], ref[g], returns[g], beta_ent=settings.beta_ent,
-                                            beta_kl=settings.beta_kl, normalization=settings.normalization).loss)
-        elif settings.algo == "DPO":
-            traj, ref = sequence_logp(token_logp, mask), sequence_logp(ref_token_logp, mask)
-            for g in groups:
-                per_group.append(dpo_loss(traj[g], ref[g], returns[g], beta=settings.dpo_beta).loss)
-        else:
-            assert token_entropy is not None, "GRPO needs the token entropies"
-            for g in groups:
-                per_group.append(grpo_token_loss(
-                    token_logp[g], token_logp[g].detach(), ref_token_logp[g], token_entropy[g], mask[g], returns[g],
-                    clip_param=settings.clip_param, beta_kl=settings.beta_kl, beta_ent=settings.beta_ent,
-                    normalization=settings.normalization,
-                ).loss)
-        return torch.stack(per_group).mean()
+        if objective.with_entropy and token_entropy is None:
+            raise ValueError(f"{settings.algo} needs the token entropies")
+        return torch.stack(objective.group_losses(settings, token_logp, token_entropy, ref_token_logp, mask,
+                                                  returns, groups)).mean()
 
     return loss
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from haepo_ray.llm.distributed import World
-from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks
+from haepo_ray.llm.objectives import OBJECTIVES, TokenLoss, TokenStats, backward, chunks
 from haepo_ray.llm.rollout import Batch, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings
 
@@ -141,7 +141,7 @@ class Policy:
         """Back-propagate ``loss_fn`` and take the optimiser step: (loss, token log-probs), detached."""
         with phase("forward_backward"):
             loss, logp = backward(self.model, batch, loss_fn, micro_batch_size=self.settings.micro_batch_size,
-                                  with_entropy=self.settings.algo == "GRPO", stats=self.stats)
+                                  with_entropy=OBJECTIVES[self.settings.algo].with_entropy, stats=self.stats)
             self.world.sum_gradients(self.trainable())
         with phase("optimizer"):
             self.optimizer.step()

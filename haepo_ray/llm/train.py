@@ -54,7 +54,7 @@ from haepo_ray.llm.data import Example, format_prompt, load_examples, split_exam
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import chunks, effective_num_trajectories, gold_first, group_loss, rows_per_prompt
+from haepo_ray.llm.objectives import OBJECTIVES, chunks, effective_num_trajectories, gold_first, group_loss, rows_per_prompt
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import (
@@ -206,7 +206,7 @@ class LLMRun:
                 temperature=s.temperature)
         group_examples = [e for e in local for _ in range(s.group_size)]
         rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
-        if s.algo == "DPO":  # per prompt: [gold, its samples], gold preferred to every sample
+        if OBJECTIVES[s.algo].with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
             gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
             gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
             wide = concat_batches([gold, samples], tokenizer.pad_token_id)

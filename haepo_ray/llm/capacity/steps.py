@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from haepo_ray.llm.objectives import TokenStats, group_loss, rows_per_prompt
+from haepo_ray.llm.objectives import OBJECTIVES, TokenStats, group_loss, rows_per_prompt
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rollout import Batch, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings
@@ -117,7 +117,7 @@ def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: 
         ref_logp = policy.reference_logp(batch)
     # Rewards as a trial has them: distinct per sample; DPO's gold (each group's first row) preferred.
     row = torch.arange(len(batch))
-    returns = (row % group_rows == 0).float() if settings.algo == "DPO" else row.float()
+    returns = (row % group_rows == 0).float() if OBJECTIVES[settings.algo].with_gold else row.float()
     loss_fn = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
     policy.update(batch, loss_fn, phase=recorder.phase)
     return policy
