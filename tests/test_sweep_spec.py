@@ -15,6 +15,7 @@ import pytest
 import yaml
 from ray.tune.search.variant_generator import generate_variants
 
+from haepo_ray import names
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, check_own_fit
@@ -65,8 +66,34 @@ def test_the_bandit_grid_is_the_papers():
     assert {(t.values["lr"], t.values["batch_size"], t.values["seed"]) for t in trials} == {
         (lr, m, s) for lr in (1e-3, 2e-3, 5e-3) for m in (8, 16, 32) for s in range(5)}
     assert spec.env_config["num_arms"] == len(spec.env_config["arm_means"]) == 20
-    assert spec.stop_dict() == {"env_runners/num_env_steps_sampled_lifetime": 5000}
+    assert plan.stop_dict() == {"env_runners/num_env_steps_sampled_lifetime": 5000}
     assert spec.settings["beta_ent"] == spec.settings["beta_kl"] == 0.05
+
+
+def test_each_kind_of_trial_answers_the_sweep_from_its_plan():
+    """The runner, Tune's setup and the dry run ask the plan: step key, stop, metrics, the
+    files MLflow gets at a run's root, who checkpoints, and the trial's names."""
+    from haepo_ray import tracking
+    from haepo_ray.sweep import tune_setup
+    from haepo_ray.sweep.llm_plan import LLMPlan
+    from haepo_ray.sweep.rl_plan import RLPlan
+
+    rl = load_plan(REPO / "tune_configs" / "smoke.yaml")
+    llm = parse_plan({**yaml.safe_load((REPO / "tune_configs" / "llm_smoke.yaml").read_text()),
+                      "stop": {"iterations": 3}}, "llm.yaml")
+    assert (type(rl), type(llm)) == (RLPlan, LLMPlan)
+    assert (rl.step_key, llm.step_key) == (names.TRAINING_ITERATION, names.LLM_UPDATE)
+    assert llm.stop_dict() == {names.LLM_UPDATE: 3}
+    assert rl.stop_dict() == {names.TRAINING_ITERATION: 8, names.TIME_TOTAL_S: 120}
+    assert (rl.default_metrics, llm.default_metrics) == (tracking.DEFAULT_METRICS, tracking.LLM_METRICS)
+    assert (rl.root_files, llm.root_files) == ((), ("generations.jsonl",))
+    assert rl.subject == ({"env": rl.spec.env, "env_config": rl.spec.env_config}, {names.ENV: rl.spec.env})
+    assert llm.subject[1] == {names.MODEL: llm.spec.llm.model, names.DATA: llm.spec.llm.data}
+    for plan, frequency in ((rl, rl.spec.checkpoint_frequency), (llm, 0)):  # LM trials checkpoint themselves
+        config = tune_setup.run_config(plan, storage_path="/tmp/x", name="n", callbacks=[]).checkpoint_config
+        assert (config.checkpoint_frequency, config.checkpoint_at_end) == (frequency, plan is rl)
+        assert tune_setup.tune_config(plan).trial_name_creator.prefix.endswith(plan.label.replace("/", "_"))
+    assert llm.label == f"llm_{llm.spec.llm.model}"
 
 
 def test_smoke_dry_run_from_the_command_line(tmp_path):

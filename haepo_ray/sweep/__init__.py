@@ -3,11 +3,15 @@
 Data flows one way through these modules:
 
 - :mod:`~haepo_ray.sweep.spec`: the spec format, validated (pure schema, no Ray);
-- :mod:`~haepo_ray.sweep.plan`: :class:`~haepo_ray.sweep.plan.SweepPlan`, the spec resolved
-  once against RLlib (configs, search keys, param space, mutations, trainable);
+- :mod:`~haepo_ray.sweep.plan`: the spec resolved once to the
+  :class:`~haepo_ray.sweep.plan_base.Plan` of its kind of trial (param space, search keys,
+  trial configs and resources, trainable, step key, metrics, what MLflow tags): RL trials in
+  :mod:`~haepo_ray.sweep.rl_plan`, language-model trials in :mod:`~haepo_ray.sweep.llm_plan`
+  (their config :mod:`~haepo_ray.sweep.llm_config`, their GPU fit :mod:`~haepo_ray.sweep.llm_fit`);
 - :mod:`~haepo_ray.sweep.tune_setup`: the Tune objects (searcher, scheduler, configs);
-- :mod:`~haepo_ray.sweep.runner`: Ray start-up, the sweep's folder, tracking, run or resume;
-- :mod:`~haepo_ray.sweep.trainable`: the trial's trainable (reusable, the metric in every result);
+- :mod:`~haepo_ray.sweep.runner`: Ray start-up, tracking, run or resume, in the folders of
+  :mod:`~haepo_ray.sweep.paths`;
+- :mod:`~haepo_ray.sweep.trainable`, :mod:`~haepo_ray.sweep.llm_trainable`: the trials' trainables;
 - :mod:`~haepo_ray.sweep.results`: trial summaries, the best-trial rule, the printed summary;
 - :mod:`~haepo_ray.sweep.dry_run`: every planned trial, printed, nothing run.
 

@@ -48,14 +48,12 @@ class Cluster:
         return cls(gpus, None, ",".join(kinds) or None, embedded)
 
 
-def require_gpus(spec: SweepSpec, trial_gpus: float, cluster: Cluster) -> None:
+def require_gpus(spec: SweepSpec, trial_gpus: float, cluster: Cluster, where: str, fix: str) -> None:
     """A SpecError when trials ask for GPUs that a local Ray does not have (it cannot grow; a
-    remote cluster may add GPU nodes, so there the trials wait)."""
+    remote cluster may add GPU nodes, so there the trials wait). ``where``: the settings that
+    ask for them; ``fix``: what to set to train on CPUs."""
     if trial_gpus <= 0 or cluster.gpus is None or cluster.gpus > 0 or not cluster.embedded:
         return
-    where = "llm.use_gpu" if spec.llm else "resources.gpus or the learners' and env runners' GPUs"
-    fix = ("set llm.use_gpu: false to train on CPUs" if spec.llm else
-           "set the GPU settings to 0 to train on CPUs")
     raise SpecError(f"{spec.source or '<spec>'}: each trial asks for {trial_gpus:g} GPU(s) ({where}), but the "
                     f"embedded local Ray has none: its trials would wait for ever. Run it on a Ray cluster "
-                    f"with GPUs (--address), or {fix}")
+                    f"with GPUs (--address), or {fix} to train on CPUs")

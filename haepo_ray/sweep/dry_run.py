@@ -7,6 +7,7 @@ import sys
 from typing import TextIO
 
 from haepo_ray.sweep.cluster import Cluster
+from haepo_ray.sweep.paths import experiment_root
 from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.planned import PlannedTrial, planned_trials
 from haepo_ray.sweep.spec import SpecError
@@ -19,7 +20,6 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
     """Prints the resolved sweep (every trial with its values and resources); starts nothing.
     Every planned trial's config is validated; a bad one raises SpecError naming it.
     ``out``: ``sys.stdout`` at the time of the call by default."""
-    from haepo_ray.sweep.runner import experiment_root
     from haepo_ray.tracking import resolve_tracking_uri
 
     spec = plan.spec
@@ -39,11 +39,11 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
     if "mutations" in sched:
         sched["mutations"] = {k: f"{d['kind']} {d['values']}" for k, d in sched["mutations"].items()}
     p(f"  scheduler: {sched}")
-    p(f"  metric: {spec.metric} ({spec.mode});  stop: {spec.stop_dict()}")
+    p(f"  metric: {spec.metric} ({spec.mode});  stop: {plan.stop_dict()}")
     p(f"  per trial: {plan.trial_resources(trials[0].values if trials else {})};  "
       f"max concurrent: {spec.max_concurrent_trials or 'as resources allow'};  "
       f"retries: {spec.max_failures};  checkpoint every {spec.checkpoint_frequency or '-'} "
-      f"{'updates' if spec.llm else 'iterations'}{', and at the end' if spec.checkpoint_at_end else ''}")
+      f"{plan.step_name}{', and at the end' if spec.checkpoint_at_end else ''}")
     p(f"  Ray: {address or 'embedded local Ray'};  results: "
       f"{experiment_root(spec, experiment, storage_path)}/<run>")
     p(f"  MLflow: {resolve_tracking_uri(tracking_uri, create=False)} (experiment "

@@ -1,8 +1,8 @@
 """A language-model sweep spec (key ``llm``) resolved once: :class:`LLMPlan`.
 
-The counterpart of :class:`~haepo_ray.sweep.plan.SweepPlan` for trials that fine-tune a
-causal LM (:mod:`haepo_ray.llm`) on Ray Train workers (or, with ``llm.num_workers: 0``, in
-the trial's own process). A trial's config is the
+The :class:`~haepo_ray.sweep.plan_base.Plan` of trials that fine-tune a causal LM
+(:mod:`haepo_ray.llm`) on Ray Train workers (or, with ``llm.num_workers: 0``, in the trial's
+own process). A trial's config (:mod:`haepo_ray.sweep.llm_config`) is the
 :class:`~haepo_ray.llm.settings.LLMTrainSettings` fields plus ``ray_train`` (the workers and
 checkpointing of :mod:`haepo_ray.sweep.llm_trainable`); MLflow logs both as params.
 
@@ -21,15 +21,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from haepo_ray import names
 from haepo_ray.sweep.cluster import Cluster, require_gpus
+from haepo_ray.sweep.llm_config import RAY_TRAIN, trial_settings
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, GPUFit, config_memory_key, estimate_keys
+from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, SweepSpec
+from haepo_ray.tracking.schema import LLM_METRICS
 
-RAY_TRAIN = "ray_train"  # the trial config's key for the workers and checkpoints
+__all__ = ["LLMPlan"]
+
 BATCH_SIZE_ALIAS = "batch_size"
 RENAMES = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}  # spec name -> settings field
 _FROM_SPEC = ("algo", "model", "data", "device")  # set by algorithm, llm.model, llm.data, llm.use_gpu
@@ -42,8 +45,8 @@ def _settings_fields() -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class LLMPlan:
-    """A checked language-model spec; build it with :meth:`resolve`."""
+class LLMPlan(Plan):
+    """A checked language-model spec (``llm``); build it with :meth:`resolve`."""
 
     spec: SweepSpec
     base_config: dict[str, Any]  # the trial config before its search values
@@ -51,10 +54,21 @@ class LLMPlan:
     mutations: dict[str, Any] = dataclasses.field(default_factory=dict)  # (PBT is refused)
     fit: GPUFit | None = None  # the trials' memory estimates (fitted plans: :meth:`fitted`)
 
+    # The update, which a trial restarted from a Ray Train checkpoint continues, where Tune's
+    # training iteration starts again.
+    step_key = names.LLM_UPDATE
+    step_name = "updates"
+    default_metrics = LLM_METRICS
+    progress_metrics = {names.LLM_UPDATE: "update", names.LLM_TRAIN_TIME: "time (s)", names.LLM_REWARD: "reward"}
+    tune_checkpoints = False  # the trial's loop checkpoints (haepo_ray.sweep.llm_trainable)
+
+    @classmethod
+    def handles(cls, spec: SweepSpec) -> bool:
+        return spec.llm is not None
+
     @classmethod
     def resolve(cls, spec: SweepSpec) -> LLMPlan:
-        """Checks the setting names and values; raises :class:`SpecError` naming the file,
-        the key and what is allowed."""
+        """Checks the setting names and values."""
         source = spec.source or "<spec>"
         fields = _settings_fields()
         allowed = sorted(set(fields) - set(_FROM_SPEC))
@@ -86,7 +100,7 @@ class LLMPlan:
             "keep_checkpoints": spec.keep_checkpoints,
         }
         keys = {name: RENAMES.get(name, name) for name in spec.search_space}
-        return checked(cls(spec, base, keys))
+        return cls(spec, base, keys).checked()
 
     @property
     def title(self) -> str:
@@ -95,11 +109,25 @@ class LLMPlan:
         where = f"{llm.num_workers} Ray Train worker(s)" if llm.num_workers else "in the trial's process"
         return f"{algorithm} on {llm.model} / {llm.data}, {where}" + (" with GPUs" if llm.use_gpu else "")
 
-    @cached_property
-    def param_space(self) -> dict[str, Any]:
+    @property
+    def label(self) -> str:
+        return f"llm_{self.spec.llm.model}"
+
+    @property
+    def subject(self) -> tuple[dict[str, Any], dict[str, str]]:
+        llm = self.spec.llm
+        return {"llm": llm.model_dump(mode="json")}, {names.MODEL: llm.model, names.DATA: llm.data}
+
+    @property
+    def root_files(self) -> tuple[str, ...]:
+        """The greedy completions (the human-evaluation form reads them)."""
+        from haepo_ray.llm.train import GENERATIONS_FILE
+
+        return (GENERATIONS_FILE,)
+
+    def base_space(self) -> dict[str, Any]:
+        """The base config, and in a fitted plan each trial's estimate and GPU share."""
         space = dict(self.base_config)
-        for name, dim in self.spec.search_space.items():
-            space[self.search_keys[name]] = dim.to_tune()
         fit = self.fit
         if fit is not None:
             space[CONFIG_KEY] = (fit.config(None) if self._trial_estimates else
@@ -131,7 +159,7 @@ class LLMPlan:
         once and trials that cannot fit are refused (SpecError naming each); GPU trials on a
         local Ray without GPUs fail."""
         spec, llm = self.spec, self.spec.llm
-        require_gpus(spec, self.trial_resources().get("GPU", 0.0), cluster)
+        require_gpus(spec, self.trial_resources().get("GPU", 0.0), cluster, "llm.use_gpu", "set llm.use_gpu: false")
         if not (llm.use_gpu or llm.gpu_memory_gb):
             return self
         from haepo_ray.sweep.planned import PlannedTrial, planned_trials
@@ -206,9 +234,6 @@ class LLMPlan:
                             f"llm.num_workers ({workers}): each worker takes whole prompt groups")
         return settings
 
-    def search_values(self, trial_config: dict[str, Any]) -> dict[str, Any]:
-        return {name: trial_config.get(key) for name, key in self.search_keys.items()}
-
     def trial_resources(self, values: dict[str, Any] | None = None) -> dict[str, float]:
         """The trial's process plus its Ray Train workers."""
         per_worker = self._worker_resources(values or {})
@@ -251,25 +276,6 @@ class LLMPlan:
     def trial_tags(self) -> dict[str, str]:
         """MLflow tag -> trial config key, tags that differ between trials."""
         return {names.ALGORITHM: "algo", names.MODEL: "model", names.DATA: "data"}
-
-
-def checked(plan):
-    """``plan``, once its fixed part (no search values) makes a valid trial; each planned trial
-    is checked by ``haepo sweep --dry-run``."""
-    try:
-        plan.trial_config({})
-    except SpecError as err:
-        raise SpecError(f"{plan.spec.source or '<spec>'}: settings: {err}") from None
-    return plan
-
-
-def trial_settings(config: dict[str, Any], device: str = "cpu"):
-    """A trial config as :class:`~haepo_ray.llm.settings.LLMTrainSettings` (without
-    ``ray_train`` and ``gpu_memory``)."""
-    from haepo_ray.llm.settings import LLMTrainSettings
-
-    return LLMTrainSettings(**{k: v for k, v in config.items() if k not in (RAY_TRAIN, CONFIG_KEY)}
-                            | {"device": device})
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from typing import Any
 
 from haepo_ray import names
 from haepo_ray.sweep.llm_fit import check_own_fit
-from haepo_ray.sweep.llm_plan import RAY_TRAIN, trial_settings
+from haepo_ray.sweep.llm_config import RAY_TRAIN, trial_settings
 
 
 def llm_trial(config: dict[str, Any]) -> None:
@@ -81,7 +81,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
     import ray.train
 
     from haepo_ray.llm.distributed import World
-    from haepo_ray.llm.train import LLMRun
+    from haepo_ray.llm.train import LLMRun, rl_metrics
     from haepo_ray.provenance import provenance
     from haepo_ray.tracking.schema import flatten
 
@@ -106,12 +106,10 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
                     run.restore(folder)
             else:
                 run.sft()
-            train_time = sum(r["time_s"] for r in run.rows)
             for row in run.rl():
-                train_time += row["time_s"]
                 final = run.update == settings.rl_updates
-                metrics = {**flatten(row), names.LLM_TRAIN_TIME: train_time, names.PROVENANCE: provenance()}
-                metrics.pop("phase")
+                metrics = {**flatten(rl_metrics(row)), names.LLM_TRAIN_TIME: run.train_time_s,
+                           names.PROVENANCE: provenance()}
                 with tempfile.TemporaryDirectory(prefix="haepo-llm-checkpoint-") as folder:
                     saved = None
                     if run.world.is_main and (final or (every and run.update % every == 0)):

@@ -99,7 +99,7 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
             trial_id=trial.trial_id,
             name=str(trial),
             status=trial.status,
-            iterations=int(last.get(spec.step_key, 0) or 0),
+            iterations=int(last.get(plan.step_key, 0) or 0),
             value=metric_value(last, spec.metric),
             values=plan.search_values(trial.config or {}),
             run_id=callback.run_id_of(trial.trial_id) if callback else None,

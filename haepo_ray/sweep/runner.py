@@ -1,11 +1,9 @@
 """Running a sweep: Ray start-up, the sweep's folder, MLflow tracking, Tune's run or resume.
 
-Where things go (``<root>`` = ``--storage-path``, else the spec's ``storage_path``, else
-``<cwd>/.haepo/ray_results``):
+Where things go:
 
-- each run of a spec is a Tune experiment in ``<root>/<experiment>/<YYYYmmdd-HHMMSS>``
-  (``<experiment>`` = ``--experiment``, else the spec's ``name``); ``--resume`` continues the
-  newest one that Tune can restore;
+- each run of a spec is a Tune experiment in a folder of its own
+  (:mod:`haepo_ray.sweep.paths`); ``--resume`` continues the newest one that Tune can restore;
 - MLflow: experiment ``<experiment>``, one parent run per sweep run, one child per trial
   (:mod:`haepo_ray.tracking`).
 """
@@ -21,51 +19,15 @@ from typing import Any, TextIO
 
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
+from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_name
 from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.spec import SweepSpec
 
-DEFAULT_STORAGE = Path(".haepo") / "ray_results"
 RUN_INFO_FILE = "haepo_sweep.json"
 
 
 class SweepError(RuntimeError):
     """A sweep that cannot start or resume (bad path, nothing to resume, ...)."""
-
-
-# --------------------------------------------------------------------------- paths
-
-
-def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path: str | None = None) -> str:
-    root = storage_path or spec.storage_path or str(Path.cwd() / DEFAULT_STORAGE)
-    if "://" not in root:
-        root = str(Path(root).expanduser().resolve())
-    return f"{root.rstrip('/')}/{experiment or spec.experiment}"
-
-
-def new_run_name() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")
-
-
-def latest_run_dir(root: str) -> str | None:
-    """The newest sweep run under ``root`` that Tune can restore."""
-    from ray import tune
-
-    if "://" in root:
-        import pyarrow.fs
-
-        fs, path = pyarrow.fs.FileSystem.from_uri(root)
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-        scheme = root.split("://", 1)[0]
-        names = sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory), reverse=True)
-        candidates = [f"{scheme}://{path.rstrip('/')}/{n}" for n in names]
-    else:
-        base = Path(root)
-        names = sorted((p.name for p in base.iterdir() if p.is_dir()), reverse=True) if base.is_dir() else []
-        candidates = [str(base / n) for n in names]
-    for path in candidates:
-        if tune.Tuner.can_restore(path):
-            return path
-    return None
 
 
 # --------------------------------------------------------------------------- Ray
@@ -104,9 +66,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
 
     spec = plan.spec
     algorithm = spec.algorithm or ",".join(map(str, spec.search_space["algorithm"].values))
-    subject = ({"llm": spec.llm.model_dump(mode="json")} if spec.llm else
-               {"env": spec.env, "env_config": spec.env_config})
-    subject_tags = ({names.MODEL: spec.llm.model, names.DATA: spec.llm.data} if spec.llm else {names.ENV: spec.env})
+    subject, subject_tags = plan.subject
     params = {
         "algorithm": algorithm,
         **subject,
@@ -115,7 +75,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
         "search_algorithm": spec.search.algorithm,
         "num_samples": spec.search.num_samples,
         "scheduler": spec.scheduler.type,
-        "stop": spec.stop_dict(),
+        "stop": plan.stop_dict(),
         "search_space": {k: d.describe() for k, d in spec.search_space.items()},
         "settings": spec.settings,
         "max_failures": spec.max_failures,
@@ -143,24 +103,14 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
         search_keys=plan.search_keys,
         metric=spec.metric,
         mode=spec.mode,
-        metrics=spec.tracking.metrics or (tracking.LLM_METRICS if spec.llm else tracking.DEFAULT_METRICS),
+        metrics=spec.tracking.metrics or plan.default_metrics,
         config_metrics=list(plan.mutations),
         log_checkpoints=spec.tracking.log_checkpoints,
-        step_key=spec.step_key,
+        step_key=plan.step_key,
         config_tags=plan.trial_tags,
-        checkpoint_root_files=_root_files(spec),
+        checkpoint_root_files=plan.root_files,
     )
     return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry))
-
-
-def _root_files(spec: SweepSpec) -> tuple[str, ...]:
-    """Files of a trial's final checkpoint that MLflow also gets at the run's root: a
-    language-model trial's greedy completions (the human-evaluation form reads them)."""
-    if spec.llm is None:
-        return ()
-    from haepo_ray.llm.train import GENERATIONS_FILE
-
-    return (GENERATIONS_FILE,)
 
 
 # --------------------------------------------------------------------------- run

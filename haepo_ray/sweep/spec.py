@@ -59,7 +59,7 @@ that names the file, the key and what is allowed. The format::
 Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats.
 
 :func:`load_spec` parses a file and checks its structure (pydantic); this module imports no
-Ray. :class:`haepo_ray.sweep.plan.SweepPlan` resolves a spec against RLlib (algorithm, env and
+Ray. :class:`haepo_ray.sweep.rl_plan.RLPlan` resolves a spec against RLlib (algorithm, env and
 setting names, trial configs).
 """
 
@@ -373,21 +373,6 @@ class SweepSpec(_Model):
     @property
     def experiment(self) -> str:
         return self.name or "sweep"
-
-    @property
-    def step_key(self) -> str:
-        """The result key that counts a trial's steps: Tune's training iteration, or for a
-        language-model trial the RL update (which a trial restarted from a Ray Train checkpoint
-        continues, where Tune's count starts again)."""
-        return names.LLM_UPDATE if self.llm else names.TRAINING_ITERATION
-
-    @property
-    def label(self) -> str:
-        """What the trials train on, for their names: the env, or ``llm_<model>``."""
-        return f"llm_{self.llm.model}" if self.llm else str(self.env)
-
-    def stop_dict(self) -> dict[str, float]:
-        return self.stop.to_tune(self.step_key) if self.stop else {}
 
     def resolved_yaml(self) -> str:
         """The spec with every default filled in, as YAML (the MLflow parent artifact)."""

@@ -1,9 +1,8 @@
-"""The Ray Tune objects of a sweep, built from its :class:`~haepo_ray.sweep.plan.SweepPlan`:
+"""The Ray Tune objects of a sweep, built from its :class:`~haepo_ray.sweep.plan_base.Plan`:
 search algorithm, scheduler, ``TuneConfig``, ``RunConfig`` and the live trial table."""
 
 from __future__ import annotations
 
-from haepo_ray import names
 from haepo_ray.sweep.plan import Plan
 
 
@@ -42,7 +41,7 @@ def scheduler(plan: Plan):
 
     s = plan.spec.scheduler
     if s.type == "asha":
-        return ASHAScheduler(time_attr=plan.spec.step_key, max_t=s.max_t,
+        return ASHAScheduler(time_attr=plan.step_key, max_t=s.max_t,
                              grace_period=s.grace_period, reduction_factor=s.reduction_factor)
     if s.type == "pbt":
         import random
@@ -50,7 +49,7 @@ def scheduler(plan: Plan):
         if s.seed is not None:  # PBT draws with the module-level `random`
             random.seed(s.seed)
         return PopulationBasedTraining(
-            time_attr=names.TRAINING_ITERATION,
+            time_attr=plan.step_key,
             perturbation_interval=s.perturbation_interval,
             hyperparam_mutations=plan.mutations,
             quantile_fraction=s.quantile_fraction,
@@ -70,7 +69,7 @@ def tune_config(plan: Plan):
         search_alg=search_algorithm(plan),
         scheduler=scheduler(plan),
         reuse_actors=spec.reuse_actors,
-        trial_name_creator=TrialNamer(spec.algorithm, spec.label),
+        trial_name_creator=TrialNamer(spec.algorithm, plan.label),
     )
 
 
@@ -78,15 +77,7 @@ def progress_reporter(plan: Plan):
     """The live trial table: search values, iteration, time, env steps, the metric."""
     from ray import tune
 
-    if plan.spec.llm:
-        metrics = {names.LLM_UPDATE: "update", names.LLM_TRAIN_TIME: "time (s)", names.LLM_REWARD: "reward"}
-    else:
-        metrics = {
-            names.TRAINING_ITERATION: "iter",
-            names.TIME_TOTAL_S: "time (s)",
-            names.ENV_STEPS: "env steps",
-            names.EPISODE_RETURN_MEAN: "return",
-        }
+    metrics = dict(plan.progress_metrics)
     metrics.setdefault(plan.spec.metric, plan.spec.metric.rsplit("/", 1)[-1])
     return tune.CLIReporter(
         metric_columns=metrics,
@@ -105,12 +96,11 @@ def run_config(plan: Plan, *, storage_path: str, name: str, callbacks: list, ver
         progress_reporter=progress_reporter(plan),
         name=name,
         storage_path=storage_path,
-        stop=spec.stop_dict(),
+        stop=plan.stop_dict(),
         callbacks=callbacks,
-        # Language-model trials checkpoint when their loop says so (haepo_ray.sweep.llm_trainable).
-        checkpoint_config=tune.CheckpointConfig(
-            checkpoint_frequency=0 if spec.llm else spec.checkpoint_frequency,
-            checkpoint_at_end=False if spec.llm else spec.checkpoint_at_end,
+        checkpoint_config=tune.CheckpointConfig(  # (trials that checkpoint themselves keep their own)
+            checkpoint_frequency=spec.checkpoint_frequency if plan.tune_checkpoints else 0,
+            checkpoint_at_end=spec.checkpoint_at_end and plan.tune_checkpoints,
             num_to_keep=spec.keep_checkpoints,
         ),
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),

@@ -1,0 +1,50 @@
+"""Where a sweep's runs go (``<root>`` = ``--storage-path``, else the spec's ``storage_path``,
+else ``<cwd>/.haepo/ray_results``): each run of a spec is a Tune experiment in
+``<root>/<experiment>/<YYYYmmdd-HHMMSS>`` (``<experiment>`` = ``--experiment``, else the spec's
+``name``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from haepo_ray.sweep.spec import SweepSpec
+
+__all__ = ["DEFAULT_STORAGE", "experiment_root", "latest_run_dir", "new_run_name"]
+
+DEFAULT_STORAGE = Path(".haepo") / "ray_results"
+
+
+def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path: str | None = None) -> str:
+    """``<root>/<experiment>``: a local path made absolute, or a URI (``s3://...``) as given."""
+    root = storage_path or spec.storage_path or str(Path.cwd() / DEFAULT_STORAGE)
+    if "://" not in root:
+        root = str(Path(root).expanduser().resolve())
+    return f"{root.rstrip('/')}/{experiment or spec.experiment}"
+
+
+def new_run_name() -> str:
+    """The folder name of a new run: its start time, ``YYYYmmdd-HHMMSS``."""
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def latest_run_dir(root: str) -> str | None:
+    """The newest sweep run under ``root`` that Tune can restore."""
+    from ray import tune
+
+    if "://" in root:
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(root)
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+        scheme = root.split("://", 1)[0]
+        names = sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory), reverse=True)
+        candidates = [f"{scheme}://{path.rstrip('/')}/{n}" for n in names]
+    else:
+        base = Path(root)
+        names = sorted((p.name for p in base.iterdir() if p.is_dir()), reverse=True) if base.is_dir() else []
+        candidates = [str(base / n) for n in names]
+    for path in candidates:
+        if tune.Tuner.can_restore(path):
+            return path
+    return None

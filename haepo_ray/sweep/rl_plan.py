@@ -1,0 +1,169 @@
+"""An RL sweep spec resolved once against RLlib: :class:`RLPlan`.
+
+The spec (:mod:`haepo_ray.sweep.spec`) says what the user wrote; the plan
+(:class:`~haepo_ray.sweep.plan_base.Plan`) says what it means for RLlib and Tune: the
+algorithm class, the trial config before search values, which config key each search-space
+name sets, PBT's mutations and the trainable. The tuner, tracking and the summary all read
+the plan; nothing resolves the spec a second time.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from haepo_ray import configs, names
+from haepo_ray.registry import UnknownAlgorithm
+from haepo_ray.sweep.cluster import Cluster, require_gpus
+from haepo_ray.sweep.plan_base import Plan
+from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec
+from haepo_ray.tracking.schema import DEFAULT_METRICS
+
+__all__ = ["RLPlan"]
+
+
+@dataclass(frozen=True)
+class RLPlan(Plan):
+    """A checked RL spec (``algorithm``, ``env``); build it with :meth:`resolve`."""
+
+    spec: SweepSpec
+    algo_cls: type
+    base_config: Any  # the AlgorithmConfig of every trial before its search values
+    search_keys: dict[str, str]  # spec search-space (and PBT mutation) name -> trial config key
+    mutations: dict[str, Any]  # PBT's hyperparam_mutations, by config key
+
+    step_key = names.TRAINING_ITERATION
+    step_name = "iterations"
+    default_metrics = DEFAULT_METRICS
+    progress_metrics = {
+        names.TRAINING_ITERATION: "iter",
+        names.TIME_TOTAL_S: "time (s)",
+        names.ENV_STEPS: "env steps",
+        names.EPISODE_RETURN_MEAN: "return",
+    }
+    tune_checkpoints = True
+
+    @classmethod
+    def handles(cls, spec: SweepSpec) -> bool:
+        return spec.llm is None
+
+    @classmethod
+    def resolve(cls, spec: SweepSpec) -> RLPlan:
+        """Checks the algorithm, env and setting names against RLlib and builds the plan."""
+        source = spec.source or "<spec>"
+        try:
+            base = configs.build_config(spec.algorithm, spec.env, env_config=spec.env_config,
+                                        resources=(spec.resources.cpus, spec.resources.gpus))
+        except UnknownAlgorithm as err:
+            raise SpecError(f"{source}: algorithm: {err}") from None
+        _check_env(spec, source)
+        _check_setting_names(spec, base, source)
+        try:
+            base = configs.apply_settings(base, spec.settings)
+        except ValueError as err:
+            raise SpecError(f"{source}: settings: {err}") from None
+        mutations_spec = spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
+        search_keys = {name: configs.config_key(base, name) for name in spec.search_space}
+        mutations = {configs.config_key(base, name): list(dim.values) if dim.kind == "choice" else dim.to_tune()
+                     for name, dim in mutations_spec.items()}
+        search_keys.update({key: key for key in mutations})
+        return cls(spec, base.algo_class, base, search_keys, mutations).checked()
+
+    @property
+    def title(self) -> str:
+        return f"{self.spec.algorithm} on {self.spec.env} {self.spec.env_config or ''}".rstrip()
+
+    @property
+    def label(self) -> str:
+        return str(self.spec.env)
+
+    @property
+    def subject(self) -> tuple[dict[str, Any], dict[str, str]]:
+        return {"env": self.spec.env, "env_config": self.spec.env_config}, {names.ENV: self.spec.env}
+
+    def base_space(self) -> dict[str, Any]:
+        return self.base_config.to_dict()
+
+    def trial_config(self, values: dict[str, Any], *, validate: bool = True):
+        """The AlgorithmConfig of the trial with these search values (by spec name)."""
+        config = configs.apply_settings(self.base_config.copy(copy_frozen=False), values)
+        if validate:
+            try:
+                configs.validate(config)
+            except ValueError as err:
+                raise SpecError(str(err)) from None
+        return config
+
+    def trial_resources(self, values: dict[str, Any] | None = None) -> dict[str, float]:
+        """Total resources one trial asks Ray for (main process + env runners + learners)."""
+        pgf = self.algo_cls.default_resource_request(self.trial_config(values or {}, validate=False))
+        total: dict[str, float] = {}
+        for bundle in pgf.bundles:
+            for key, value in bundle.items():
+                total[key] = total.get(key, 0) + value
+        return {k: v for k, v in total.items() if v}
+
+    def fitted(self, cluster: Cluster) -> RLPlan:
+        """This plan, once ``cluster`` can run its trials: GPU trials on a local Ray without
+        GPUs fail (SpecError)."""
+        require_gpus(self.spec, self.trial_resources().get("GPU", 0.0), cluster,
+                     "resources.gpus or the learners' and env runners' GPUs", "set the GPU settings to 0")
+        return self
+
+    def trainable(self) -> str:
+        """The Tune trainable of the sweep's trials, registered under ``<algorithm>-sweep``:
+        the algorithm in a :class:`~haepo_ray.sweep.trainable.SweepTrainable` (reusable, the
+        spec's metric in every result)."""
+        from ray.tune.registry import register_trainable
+
+        from haepo_ray.sweep.trainable import sweep_trainable
+
+        name = f"{self.spec.algorithm}-sweep"
+        register_trainable(name, sweep_trainable(self.spec.algorithm, self.spec.metric))
+        return name
+
+
+def _check_env(spec: SweepSpec, source: str) -> None:
+    from haepo_ray.envs import check_env_id, make_env
+
+    try:
+        check_env_id(spec.env)
+    except ValueError as err:
+        raise SpecError(f"{source}: env: {err}") from None
+    try:
+        make_env(spec.env, spec.env_config).close()
+    except Exception as err:
+        raise SpecError(f"{source}: env_config: {spec.env} does not take {spec.env_config}: "
+                        f"{type(err).__name__}: {err}") from None
+
+
+def _check_setting_names(spec: SweepSpec, config, source: str) -> None:
+    keys = configs.setting_keys(config)
+    public = sorted(k for k in keys if not k.startswith("_"))
+    alias_target = configs.batch_size_key(config)
+    alias = configs.BATCH_SIZE_ALIAS
+    errors = []
+    mutations = spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
+    for section, given in (("settings", spec.settings), ("search_space", spec.search_space),
+                           ("scheduler.mutations", mutations)):
+        for name in given:
+            if name == alias:
+                continue
+            if name in ("env", "env_config"):
+                errors.append(f"{source}: {section}.{name}: set the environment with the top-level "
+                              f"keys env and env_config")
+            elif name not in keys:
+                close = difflib.get_close_matches(name, public, n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                errors.append(
+                    f"{source}: {section}.{name}: {spec.algorithm} has no setting {name!r}{hint}; "
+                    f"allowed: the attributes of {type(config).__name__} (e.g. lr, gamma, "
+                    f"{alias_target}, num_env_runners, model_config), or batch_size")
+    for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space)):
+        if alias in mapping and alias_target in mapping:
+            errors.append(f"{source}: {section}: give either batch_size or {alias_target}, not both")
+    for name in sorted((set(spec.settings) & set(spec.search_space)) - {alias}):
+        errors.append(f"{source}: {name}: in both settings and search_space; keep one")
+    if errors:
+        raise SpecError("\n".join(errors))
