@@ -301,13 +301,13 @@ class LLMRun:
         """The wall time of the steps done so far, SFT and RL, restored ones included."""
         return sum(row["time_s"] for row in self.rows)
 
+    def close(self) -> None:
+        self.writer.close()
+
 
 def rl_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """An RL update's row (:meth:`LLMRun.rl`) as metrics: every value but its ``phase`` label."""
     return {key: value for key, value in row.items() if key != "phase"}
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def train(settings: LLMTrainSettings, out_dir: str | Path, *, reward_fn: RewardFn | None = None,
