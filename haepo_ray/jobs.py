@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from haepo_ray.uris import is_http_url, is_uri
+
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_TIMEOUT_S = 10.0
 # Never shipped with --working-dir (Ray also leaves out what .gitignore files name).
@@ -109,7 +111,7 @@ def resolve_address(address: str | None, environ: Mapping[str, str] | None = Non
     if not address:
         address = env.get("RAY_API_SERVER_ADDRESS") or ""
         ray_address = env.get("RAY_ADDRESS", "")
-        if not address and ray_address.startswith(("http://", "https://")):
+        if not address and is_http_url(ray_address):
             address = ray_address
     if not address:
         raise JobError("which cluster? give --address http://HEAD:8265 (the head's dashboard "
@@ -118,7 +120,7 @@ def resolve_address(address: str | None, environ: Mapping[str, str] | None = Non
     if address.startswith("ray://") or address == "auto":
         raise JobError(f"--address {address}: jobs are submitted to the head's dashboard "
                            "(Jobs API), e.g. http://HEAD:8265, not to a Ray Client or GCS address")
-    if "://" not in address:
+    if not is_uri(address):
         address = f"http://{address}"
     parsed = urlparse(address)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
