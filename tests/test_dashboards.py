@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from helpers import free_port
 
 DASHBOARD = Path(__file__).parents[1] / "dashboards" / "haepo-training.json"
 METRIC = re.compile(r"\b(ray_[a-zA-Z0-9_]+)")
@@ -105,12 +105,6 @@ def _prometheus() -> str:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Prometheus:
     """Prometheus's HTTP API on 127.0.0.1."""
 
@@ -160,7 +154,7 @@ def prometheus(ray_session, tmp_path_factory):
             "file_sd_configs": [{"files": [writer.get_target_file_name()], "refresh_interval": "1s"}],
         }],
     }))
-    port = _free_port()
+    port = free_port()
     with (workdir / "prometheus.log").open("w") as log:  # the child keeps its own descriptor
         process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import free_port
 
 from haepo_ray import cli, jobs
 from haepo_ray.cli import jobs as jobs_cli
@@ -64,12 +64,6 @@ def run_jobs_main(argv: list[str], capsys) -> tuple[int, str, str]:
     code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_spec(path: Path, name: str, *, iterations: int, extra_settings: dict | None = None,
