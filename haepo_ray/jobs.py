@@ -33,6 +33,9 @@ Authentication (Ray token authentication), first that is set: ``--auth-token-fil
 ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``; sent as
 ``Authorization: Bearer <token>``. The address: ``--address``, else ``RAY_API_SERVER_ADDRESS``,
 else an ``http(s)://`` ``RAY_ADDRESS``.
+
+What the user must fix (an address, a token, a spec, the cluster's answer) is a
+:class:`JobError`; the command line prints its message as a usage error.
 """
 
 from __future__ import annotations
@@ -42,17 +45,16 @@ import os
 import shlex
 import shutil
 import socket
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from haepo_ray.cli.errors import UsageError
+from haepo_ray.uris import is_http_url, is_uri
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_TIMEOUT_S = 10.0
@@ -60,6 +62,10 @@ CONNECT_TIMEOUT_S = 10.0
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", ".haepo", "mlruns", "__pycache__", "*.egg-info",
                         ".pytest_cache", "node_modules"]
 LOCAL_URI_SCHEMES = ("sqlite", "file", "")
+
+
+class JobError(ValueError):
+    """What the user must fix to reach the cluster or submit a job; the message says what."""
 
 
 # --------------------------------------------------------------------------- connection
@@ -82,9 +88,9 @@ def find_token(token_file: str | None = None, environ: Mapping[str, str] | None 
         try:
             value = p.read_text().strip()
         except OSError as err:
-            raise UsageError(f"cannot read the Ray auth token {what} {p}: {err.strerror or err}") from None
+            raise JobError(f"cannot read the Ray auth token {what} {p}: {err.strerror or err}") from None
         if not value:
-            raise UsageError(f"the Ray auth token file {p} ({what}) is empty")
+            raise JobError(f"the Ray auth token file {p} ({what}) is empty")
         return Token(value, f"{what} {p}")
 
     if token_file:
@@ -105,20 +111,20 @@ def resolve_address(address: str | None, environ: Mapping[str, str] | None = Non
     if not address:
         address = env.get("RAY_API_SERVER_ADDRESS") or ""
         ray_address = env.get("RAY_ADDRESS", "")
-        if not address and ray_address.startswith(("http://", "https://")):
+        if not address and is_http_url(ray_address):
             address = ray_address
     if not address:
-        raise UsageError("which cluster? give --address http://HEAD:8265 (the head's dashboard "
+        raise JobError("which cluster? give --address http://HEAD:8265 (the head's dashboard "
                            "port) or set RAY_API_SERVER_ADDRESS")
     address = address.strip().rstrip("/")
     if address.startswith("ray://") or address == "auto":
-        raise UsageError(f"--address {address}: jobs are submitted to the head's dashboard "
+        raise JobError(f"--address {address}: jobs are submitted to the head's dashboard "
                            "(Jobs API), e.g. http://HEAD:8265, not to a Ray Client or GCS address")
-    if "://" not in address:
+    if not is_uri(address):
         address = f"http://{address}"
     parsed = urlparse(address)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise UsageError(f"--address {address}: expected http://HOST:PORT (the head's dashboard)")
+        raise JobError(f"--address {address}: expected http://HOST:PORT (the head's dashboard)")
     return address
 
 
@@ -138,7 +144,7 @@ def _check_reachable(address: str) -> None:
             pass
     except OSError as err:
         reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
-        raise UsageError(f"cannot reach the Ray head at {address} ({reason}): "
+        raise JobError(f"cannot reach the Ray head at {address} ({reason}): "
                            f"{_reach_hint(address)}") from None
 
 
@@ -155,7 +161,7 @@ def _auth_message(address: str, token: Token | None, err: Exception) -> str:
 
 
 class JobsClient:
-    """A JobSubmissionClient whose failures become UsageErrors with a clear message."""
+    """A JobSubmissionClient whose failures become JobErrors with a clear message."""
 
     def __init__(self, address: str | None, token_file: str | None):
         self.address = resolve_address(address)
@@ -176,17 +182,17 @@ class JobsClient:
         try:
             return fn(*args, **kwargs)
         except AuthenticationError as err:
-            raise UsageError(_auth_message(self.address, self.token, err)) from None
+            raise JobError(_auth_message(self.address, self.token, err)) from None
         except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
-            raise UsageError(f"cannot reach the Ray Jobs API at {self.address} ({err}): "
+            raise JobError(f"cannot reach the Ray Jobs API at {self.address} ({err}): "
                                f"{_reach_hint(self.address)}") from None
         except RuntimeError as err:
             text = str(err)
             if "Version check returned 404" in text:
-                raise UsageError(f"{self.address} answers but is not a Ray dashboard with the "
+                raise JobError(f"{self.address} answers but is not a Ray dashboard with the "
                                    f"Jobs API (is the port right? install ray[default] on the "
                                    f"head)") from None
-            raise UsageError(f"the Ray Jobs API at {self.address} answered: {text}") from None
+            raise JobError(f"the Ray Jobs API at {self.address} answered: {text}") from None
 
     def __getattr__(self, name: str):
         method = getattr(self.sdk, name)
@@ -207,10 +213,10 @@ def _env_vars(pairs: tuple[str, ...]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not key:
-            raise UsageError(f"--env expects KEY or KEY=VALUE, got {pair!r}")
+            raise JobError(f"--env expects KEY or KEY=VALUE, got {pair!r}")
         if not sep:
             if key not in os.environ:
-                raise UsageError(f"--env {key}: no value given and {key} is not set here")
+                raise JobError(f"--env {key}: no value given and {key} is not set here")
             value = os.environ[key]
         out[key] = value
     return out
@@ -247,31 +253,31 @@ class Submission:
 
 
 def build_submission(args: SubmitOptions) -> Submission:
-    """The entrypoint, runtime_env and metadata of a sweep job; raises UsageError."""
+    """The entrypoint, runtime_env and metadata of a sweep job; raises JobError."""
     from haepo_ray import __version__
     from haepo_ray.sweep.plan import resolve_plan
     from haepo_ray.sweep.spec import SpecError, load_spec
 
     spec_path = Path(args.spec).expanduser()
     if not spec_path.is_file():
-        raise UsageError(f"spec not found: {args.spec}" + (" (a folder)" if spec_path.is_dir() else ""))
+        raise JobError(f"spec not found: {args.spec}" + (" (a folder)" if spec_path.is_dir() else ""))
     spec_path = spec_path.resolve()
     try:
         spec = load_spec(spec_path)
         if args.check:
             resolve_plan(spec)
     except SpecError as err:
-        raise UsageError(f"invalid spec\n{err}") from None
+        raise JobError(f"invalid spec\n{err}") from None
 
     notes: list[str] = []
     if args.working_dir:
         working_dir = Path(args.working_dir).expanduser().resolve()
         if not working_dir.is_dir():
-            raise UsageError(f"--working-dir {args.working_dir}: not a folder")
+            raise JobError(f"--working-dir {args.working_dir}: not a folder")
         try:
             spec_arg = spec_path.relative_to(working_dir).as_posix()
         except ValueError:
-            raise UsageError(f"the spec {args.spec} is not inside --working-dir {args.working_dir}") from None
+            raise JobError(f"the spec {args.spec} is not inside --working-dir {args.working_dir}") from None
         temporary = False
     else:
         working_dir = Path(tempfile.mkdtemp(prefix="haepo-submit-"))
@@ -346,40 +352,23 @@ def _slug(text: str) -> str:
 # --------------------------------------------------------------------------- follow / logs
 
 
-def follow(client: JobsClient, job_id: str) -> int:
+def tail_logs(client: JobsClient, job_id: str, write: Callable[[str], None]) -> None:
+    """Passes the job's logs to ``write``, chunk by chunk as Ray streams them, until the job
+    ends; whatever breaks the stream (head restarted, network) is raised."""
     async def tail() -> None:
         async for chunk in client.sdk.tail_job_logs(job_id):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
+            write(chunk)
 
-    try:
-        try:
-            asyncio.run(tail())
-        except KeyboardInterrupt:
-            raise
-        except Exception as err:  # the stream broke (head restarted, network): poll instead
-            print(f"\nhaepo: log stream interrupted ({type(err).__name__}: {err}); waiting for "
-                  f"the job to end", file=sys.stderr, flush=True)
-        status = wait_terminal(client, job_id, timeout=None)
-    except KeyboardInterrupt:
-        print(f"\nhaepo: stopped following; the job goes on. Stop it with: haepo stop {job_id} "
-              f"--address {client.address}", file=sys.stderr)
-        return 130
-    info = client.get_job_info(job_id)
-    message = f": {info.message}" if info.message else ""
-    print(f"haepo: job {job_id} {status}{message}", file=sys.stderr, flush=True)
-    return 0 if status == "SUCCEEDED" else 1
+    asyncio.run(tail())
 
 
 def job_status(client: JobsClient, job_id: str) -> str:
-    """The job's status; a UsageError naming the job when the cluster does not know it."""
-    from haepo_ray.cli.errors import UsageError
-
+    """The job's status; a JobError naming the job when the cluster does not know it."""
     try:
         return str(client.get_job_status(job_id).value)
-    except UsageError as err:
+    except JobError as err:
         if "404" in str(err) or "does not exist" in str(err):
-            raise UsageError(f"no job {job_id!r} on {client.address} (haepo jobs lists them)") from None
+            raise JobError(f"no job {job_id!r} on {client.address} (haepo jobs lists them)") from None
         raise
 
 

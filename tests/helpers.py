@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "tune_configs" / "smoke.yaml"
+METRIC = "env_runners/episode_return_mean"
+ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
+# The metrics the sweeps that are killed and resumed log (few: fewer rows to compare).
+LOGGED = ["time_total_s", ENV_STEPS, METRIC, "learners/*"]
 
 # Two prompts of three completions each: the groups of an LM update.
 PROMPTS = ["the model writes", "the model writes", "the model writes",
@@ -23,3 +40,134 @@ def group_batch(tokenizer):
     batch = completion_batch(tokenizer, PROMPTS, COMPLETIONS)
     return type(batch)(batch.input_ids, batch.attention_mask, batch.completion_mask,
                        torch.tensor([0, 0, 0, 1, 1, 1]))
+
+
+# --------------------------------------------------------------------------- MLflow
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MLflowServer:
+    """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
+    ``root/server.db`` or on ``backend`` (a database URI)."""
+
+    def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.db = root / "server.db"
+        self.log = open(root / "server.log", "w")
+        mlflow = Path(sys.executable).with_name("mlflow")
+        self.proc = subprocess.Popen(
+            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
+             "--backend-store-uri", backend or f"sqlite:///{self.db}",
+             "--artifacts-destination", str(root / "artifacts")],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            # No job execution: it starts a second process (huey consumer) that imports
+            # MLflow alongside the server, tripling the start-up (20 s -> 60 s on 2 busy
+            # cores); the tests use no MLflow jobs (cluster/local/start.sh turns it off too).
+            env={**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"},
+                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("mlflow server exited:\n" + (root / "server.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.kill()
+        raise RuntimeError("mlflow server did not answer /health in 90 s")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.log.close()
+
+
+# --------------------------------------------------------------------------- a sweep in MLflow
+
+
+def check_provenance(tags) -> None:
+    """A run's provenance tags are this checkout's, this machine's and these libraries' (the
+    GPUs are those the process saw: a trial sees those Ray gave it)."""
+    from haepo_ray.provenance import provenance
+
+    assert {k: v for k, v in provenance().items() if k != "haepo.machine.gpus"}.items() <= tags.items()
+    assert "haepo.machine.gpus" in tags
+
+
+def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
+                          checkpoints: bool = True) -> None:
+    """The MLflow side of a finished sweep: one parent, exactly one child per trial, each
+    with its params, tags (provenance too), per-iteration metrics with increasing steps and
+    its checkpoint; the sweep's summary (``result``) agrees with what MLflow holds."""
+    from mlflow.tracking import MlflowClient
+
+    from haepo_ray.tracking import find_sweep_runs
+
+    client = MlflowClient(uri)
+    parent, children = find_sweep_runs(uri, experiment, result.parent_run_id)
+    assert parent.data.tags["haepo.role"] == "sweep"
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"spec.yaml", "summary.json"}
+    assert parent.data.params["algorithm"] == "HAEPO"
+    check_provenance(parent.data.tags)
+
+    by_trial: dict[str, list] = {}
+    for child in children:
+        by_trial.setdefault(child.data.tags["haepo.trial_id"], []).append(child)
+    assert sorted(by_trial) == sorted(t.trial_id for t in result.trials)
+    assert all(len(runs) == 1 for runs in by_trial.values()), "duplicate child runs"
+
+    for trial in result.trials:
+        (child,) = by_trial[trial.trial_id]
+        run_id = child.info.run_id
+        assert trial.run_id == run_id
+        assert child.info.status == "FINISHED"
+        tags = child.data.tags
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["haepo.algorithm"] == "HAEPO"
+        assert tags["haepo.env"] == "haepo/ChainMDP-v0"
+        assert tags["haepo.seed"] == str(trial.values["seed"])
+        assert tags["haepo.node_ip"] and tags["haepo.hostname"]
+        check_provenance(tags)
+        params = child.data.params
+        assert float(params["lr"]) == trial.values["lr"]
+        assert params["seed"] == str(trial.values["seed"])
+        assert params["episodes_per_batch"] == "8"
+        assert params["env_config/length"] == "5"
+        assert params["_model_config/fcnet_hiddens"] == "[16]"
+
+        history = sorted(client.get_metric_history(run_id, "training_iteration"), key=lambda m: m.step)
+        steps = [m.step for m in history]
+        assert steps == list(range(1, iterations + 1))
+        assert [m.value for m in history] == steps
+        for key in ("time_total_s", ENV_STEPS):
+            history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+            assert [m.step for m in history] == steps, key
+            values = [m.value for m in history]
+            assert values == sorted(values) and values[-1] > values[0], key
+        assert "learners/default_policy/weight_entropy" in child.data.metrics
+        if checkpoints:
+            files = {a.path for a in client.list_artifacts(run_id, "checkpoint")}
+            assert "checkpoint/rllib_checkpoint.json" in files
+
+        # The summary's value is the trial's last reported metric, which MLflow holds too.
+        assert math.isclose(child.data.metrics[METRIC], trial.value, rel_tol=1e-9)
+
+    best = result.best
+    assert parent.data.tags["haepo.best_trial_id"] == best.trial_id
+    assert parent.data.tags["haepo.best_run_id"] == best.run_id
+    assert math.isclose(parent.data.metrics[f"best/{METRIC}"], best.value)
+    mlflow_best = max(children, key=lambda r: r.data.metrics[METRIC]).data.metrics[METRIC]
+    assert math.isclose(best.value, mlflow_best)

@@ -1,4 +1,5 @@
-"""The `haepo` command: as a real subprocess, and its usage errors in this process."""
+"""The `haepo` command: in this process (help, versions, environments, usage errors), and
+training as a real subprocess."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 
 import pytest
 
+from haepo_ray.cli import main
 from haepo_ray.envs import registered_envs
 
 
@@ -17,22 +19,23 @@ def haepo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
-def test_help_lists_the_commands():
-    out = haepo("--help")
-    assert out.returncode == 0
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help"])
+    assert stopped.value.code == 0
+    out = capsys.readouterr().out
     for command in ("version", "envs", "train", "sweep", "submit", "jobs", "logs", "stop"):
-        assert command in out.stdout
+        assert command in out
 
 
-def test_version():
-    out = haepo("version")
-    assert out.returncode == 0 and out.stdout.startswith("haepo-ray 0.1.0 (ray 2.60")
+def test_version(capsys):
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("haepo-ray 0.1.0 (ray 2.60")
 
 
-def test_envs_lists_every_registered_id():
-    out = haepo("envs")
-    assert out.returncode == 0
-    listed = [line.split()[0] for line in out.stdout.splitlines()]
+def test_envs_lists_every_registered_id(capsys):
+    assert main(["envs"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == list(registered_envs())
 
 
@@ -50,8 +53,6 @@ def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monk
     """In this process (each subprocess would import RLlib again): exit status 2 and the
     message, not an exception, and Ray is never started."""
     import ray
-
-    from haepo_ray.cli import main
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
     assert main(["train", *args]) == 2

@@ -26,6 +26,7 @@ import mlflow
 import pytest
 import torch
 import yaml
+from helpers import MLflowServer, check_provenance
 from mlflow.tracking import MlflowClient
 
 from haepo_ray import names
@@ -60,8 +61,6 @@ def update_history(client: MlflowClient, run_id: str, key: str) -> list[int]:
 def smoke(ray_session, tmp_path_factory):
     """tune_configs/llm_smoke.yaml run once against a real ``mlflow server`` (kept up for the
     module's tests): (server, result, folder)."""
-    from test_tracking import MLflowServer
-
     folder = tmp_path_factory.mktemp("llm_smoke")
     cwd = os.getcwd()
     os.chdir(folder)
@@ -76,8 +75,6 @@ def smoke(ray_session, tmp_path_factory):
 
 
 def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
-    from test_sweep_e2e import check_provenance
-
     server, result, folder = smoke
     client = MlflowClient(server.uri)
     parent, children = find_sweep_runs(server.uri, "llm_smoke", result.parent_run_id)

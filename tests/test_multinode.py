@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,10 +30,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import free_port
 
 from haepo_ray import cli, jobs
 from haepo_ray.cli import jobs as jobs_cli
-from haepo_ray.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "cluster" / "local"
@@ -65,12 +64,6 @@ def run_jobs_main(argv: list[str], capsys) -> tuple[int, str, str]:
     code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_spec(path: Path, name: str, *, iterations: int, extra_settings: dict | None = None,
@@ -158,10 +151,10 @@ def test_token_sources_in_order(tmp_path, monkeypatch):
     assert jobs.find_token(None, {"RAY_AUTH_TOKEN_PATH": str(path_token)}, home).value == "from-path"
     assert jobs.find_token(None, {}, home).value == "from-home"
     assert jobs.find_token(None, {}, tmp_path / "nobody") is None
-    with pytest.raises(UsageError, match="cannot read the Ray auth token"):
+    with pytest.raises(jobs.JobError, match="cannot read the Ray auth token"):
         jobs.find_token(None, {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")}, home)
     (tmp_path / "empty").write_text("")
-    with pytest.raises(UsageError, match="is empty"):
+    with pytest.raises(jobs.JobError, match="is empty"):
         jobs.find_token(str(tmp_path / "empty"), {}, home)
 
 
@@ -205,9 +198,9 @@ def test_submission_packages_the_spec_and_routes_tracking_and_storage(tmp_path, 
     sub = jobs.build_submission(_submit_args(spec, "--working-dir", str(tmp_path)))
     assert not sub.temporary and sub.entrypoint.startswith("haepo sweep s.yaml ")
     assert ".venv" in sub.runtime_env["excludes"]
-    with pytest.raises(UsageError, match="not inside --working-dir"):
+    with pytest.raises(jobs.JobError, match="not inside --working-dir"):
         jobs.build_submission(_submit_args(spec, "--working-dir", str(REPO / "tune_configs")))
-    with pytest.raises(UsageError, match="--env OTHER_UNSET"):
+    with pytest.raises(jobs.JobError, match="--env OTHER_UNSET"):
         jobs.build_submission(_submit_args(spec, "--env", "OTHER_UNSET"))
 
 

@@ -25,8 +25,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from drivers import kill_driver_when, logged_rows, resume_driver, start_driver, sweep_args
-from test_sweep_e2e import ENV_STEPS, LOGGED, SMOKE
-from test_tracking import MLflowServer, _free_port
+from helpers import ENV_STEPS, LOGGED, SMOKE, MLflowServer, free_port
 
 ITERATIONS = {"pg-resumed": 10, "pg-steady": 20}  # the steady sweep goes on while the other resumes
 EVERY_ITERATION = ("time_total_s", ENV_STEPS, "learners/default_policy/weight_entropy")
@@ -51,7 +50,7 @@ class PostgresCluster:
     def __init__(self, bin_dir: Path):
         self.bin = bin_dir
         self.root = Path(tempfile.mkdtemp(prefix="haepo-pg-"))  # not under pytest's 0700 folder
-        self.port = _free_port()
+        self.port = free_port()
         # The form cluster/mlflow/start-mlflow.sh writes (the driver named: SQLAlchemy 2.1's
         # default for postgresql:// is psycopg 3).
         self.uri = f"postgresql+psycopg2://haepo@127.0.0.1:{self.port}/mlflow"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
+from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, check_sweep_in_mlflow
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
@@ -30,87 +31,8 @@ from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.sweep.trainable import sweep_trainable
 from haepo_ray.tracking import find_sweep_runs
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE = REPO / "tune_configs" / "smoke.yaml"
-METRIC = "env_runners/episode_return_mean"
-ENV_STEPS = "env_runners/num_env_steps_sampled_lifetime"
-
 # The flaky env below is defined in this test module, which Ray's workers cannot import.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def check_provenance(tags) -> None:
-    """A run's provenance tags are this checkout's, this machine's and these libraries' (the
-    GPUs are those the process saw: a trial sees those Ray gave it)."""
-    from haepo_ray.provenance import provenance
-
-    assert {k: v for k, v in provenance().items() if k != "haepo.machine.gpus"}.items() <= tags.items()
-    assert "haepo.machine.gpus" in tags
-
-
-def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
-                          checkpoints: bool = True) -> None:
-    """The MLflow side of a finished sweep: one parent, exactly one child per trial, each
-    with its params, tags (provenance too), per-iteration metrics with increasing steps and
-    its checkpoint; the sweep's summary (``result``) agrees with what MLflow holds."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    parent, children = find_sweep_runs(uri, experiment, result.parent_run_id)
-    assert parent.data.tags["haepo.role"] == "sweep"
-    assert parent.info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"spec.yaml", "summary.json"}
-    assert parent.data.params["algorithm"] == "HAEPO"
-    check_provenance(parent.data.tags)
-
-    by_trial: dict[str, list] = {}
-    for child in children:
-        by_trial.setdefault(child.data.tags["haepo.trial_id"], []).append(child)
-    assert sorted(by_trial) == sorted(t.trial_id for t in result.trials)
-    assert all(len(runs) == 1 for runs in by_trial.values()), "duplicate child runs"
-
-    for trial in result.trials:
-        (child,) = by_trial[trial.trial_id]
-        run_id = child.info.run_id
-        assert trial.run_id == run_id
-        assert child.info.status == "FINISHED"
-        tags = child.data.tags
-        assert tags["mlflow.parentRunId"] == parent.info.run_id
-        assert tags["haepo.algorithm"] == "HAEPO"
-        assert tags["haepo.env"] == "haepo/ChainMDP-v0"
-        assert tags["haepo.seed"] == str(trial.values["seed"])
-        assert tags["haepo.node_ip"] and tags["haepo.hostname"]
-        check_provenance(tags)
-        params = child.data.params
-        assert float(params["lr"]) == trial.values["lr"]
-        assert params["seed"] == str(trial.values["seed"])
-        assert params["episodes_per_batch"] == "8"
-        assert params["env_config/length"] == "5"
-        assert params["_model_config/fcnet_hiddens"] == "[16]"
-
-        history = sorted(client.get_metric_history(run_id, "training_iteration"), key=lambda m: m.step)
-        steps = [m.step for m in history]
-        assert steps == list(range(1, iterations + 1))
-        assert [m.value for m in history] == steps
-        for key in ("time_total_s", ENV_STEPS):
-            history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
-            assert [m.step for m in history] == steps, key
-            values = [m.value for m in history]
-            assert values == sorted(values) and values[-1] > values[0], key
-        assert "learners/default_policy/weight_entropy" in child.data.metrics
-        if checkpoints:
-            files = {a.path for a in client.list_artifacts(run_id, "checkpoint")}
-            assert "checkpoint/rllib_checkpoint.json" in files
-
-        # The summary's value is the trial's last reported metric, which MLflow holds too.
-        assert math.isclose(child.data.metrics[METRIC], trial.value, rel_tol=1e-9)
-
-    best = result.best
-    assert parent.data.tags["haepo.best_trial_id"] == best.trial_id
-    assert parent.data.tags["haepo.best_run_id"] == best.run_id
-    assert math.isclose(parent.data.metrics[f"best/{METRIC}"], best.value)
-    mlflow_best = max(children, key=lambda r: r.data.metrics[METRIC]).data.metrics[METRIC]
-    assert math.isclose(best.value, mlflow_best)
 
 
 def test_smoke_sweep_sqlite(ray_session, tmp_path, monkeypatch):
@@ -207,9 +129,6 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
 
 # The RL sweep's metrics, without its step key (training_iteration): the writer learns what
 # is logged from what the spec logs, whatever it is.
-LOGGED = ["time_total_s", ENV_STEPS, METRIC, "learners/*"]
-
-
 def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
     """The driver of an RL sweep that logs no training_iteration, SIGKILLed mid-sweep, then
     resumed: every trial completes once, one MLflow run per trial, every (run, metric, step)

@@ -341,21 +341,20 @@ def test_a_trial_whose_memory_settings_optuna_suggests_checks_itself():
 def test_the_gpus_memory_comes_from_rays_accelerator_type():
     """A Ray whose node declares one A100-40G (Ray's accelerator_type resource): the limit and
     the auto shares come from its 40 GiB when the spec gives no llm.gpu_memory_gb."""
+    spec = json.dumps(_llm_gpu_spec(gpus_per_worker="auto"))
     code = f"""
 import json, ray
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.plan import parse_plan
-from test_sweep_spec import _llm_gpu_spec
 ray.init(num_cpus=1, num_gpus=1, resources={{"accelerator_type:A100-40G": 1}}, include_dashboard=False,
          _temp_dir="{ray_temp_dir()}-a100")  # short: Ray's unix sockets
 cluster = Cluster.of_ray(embedded=True)
-plan = parse_plan(_llm_gpu_spec(gpus_per_worker="auto"), "fit.yaml").fitted(cluster)
+plan = parse_plan(json.loads({spec!r}), "fit.yaml").fitted(cluster)
 print(json.dumps([cluster.gpus, cluster.gpu_memory_gib, cluster.gpu_kind, plan.fit.limit_gib, plan.fit.limit_source,
                   plan.trial_resources({{"group_size": 32}})["GPU"]]))
 ray.shutdown()
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).parent)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     gpus, memory, kind, limit, source, share = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (gpus, memory, kind, limit, source) == (1.0, 40.0, "A100-40G", 40.0, "Ray's GPUs, A100-40G")

@@ -9,27 +9,20 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
+from helpers import SMOKE, MLflowServer, check_sweep_in_mlflow, free_port
 from mlflow.tracking import MlflowClient
 from ray import tune
 
 from haepo_ray import tracking
 from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.runner import run_sweep
-
-REPO = Path(__file__).resolve().parents[1]
-SMOKE = REPO / "tune_configs" / "smoke.yaml"
-
 
 # --------------------------------------------------------------------------- URI and helpers
 
@@ -183,7 +176,7 @@ def test_bad_settings_say_what_is_wrong():
 
 
 def test_unreachable_tracking_server_warns_and_does_not_raise(tmp_path, caplog):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     cb = tracking.MLflowSweepCallback(
         tracking.SweepTracking(f"http://127.0.0.1:{port}", "exp", "sweep-1", sweep_dir=str(tmp_path)),
         tracking.RetryPolicy(retries=1, backoff_s=0.05, timeout_s=2))
@@ -196,54 +189,6 @@ def test_unreachable_tracking_server_warns_and_does_not_raise(tmp_path, caplog):
 
 
 # --------------------------------------------------------------------------- mlflow server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MLflowServer:
-    """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
-    ``root/server.db`` or on ``backend`` (a database URI)."""
-
-    def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
-        self.root = root
-        self.port = _free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.db = root / "server.db"
-        self.log = open(root / "server.log", "w")
-        mlflow = Path(sys.executable).with_name("mlflow")
-        self.proc = subprocess.Popen(
-            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
-             "--backend-store-uri", backend or f"sqlite:///{self.db}",
-             "--artifacts-destination", str(root / "artifacts")],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            # No job execution: it starts a second process (huey consumer) that imports
-            # MLflow alongside the server, tripling the start-up (20 s -> 60 s on 2 busy
-            # cores); the tests use no MLflow jobs (cluster/local/start.sh turns it off too).
-            env={**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"},
-                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("mlflow server exited:\n" + (root / "server.log").read_text()[-2000:])
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        self.kill()
-        raise RuntimeError("mlflow server did not answer /health in 90 s")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -273,8 +218,6 @@ def test_smoke_sweep_remote_mlflow_server(ray_session, mlflow_server, tmp_path, 
     """The smoke spec tracked over HTTP. Cut to 2 trials of 4 iterations (a checkpoint at 2
     and at the end): every kind of MLflow call goes through the server just the same, and
     test_sweep_e2e runs the whole smoke sweep against SQLite."""
-    from test_sweep_e2e import check_sweep_in_mlflow
-
     monkeypatch.chdir(tmp_path)
     data = yaml.safe_load(SMOKE.read_text())
     data["search_space"]["seed"] = {"grid": [0]}

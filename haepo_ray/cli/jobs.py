@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
 import time
+from collections.abc import Callable
 
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
+from haepo_ray.cli.errors import UsageError
 from haepo_ray.jobs import (
     TERMINAL,
+    JobError,
     JobsClient,
     SubmitOptions,
     build_submission,
-    follow,
     job_status,
+    tail_logs,
     wait_terminal,
 )
 from haepo_ray.tables import format_table
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _usage_errors(command: Command) -> Command:
+    """``command`` with a :class:`~haepo_ray.jobs.JobError` raised as a UsageError."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except JobError as err:
+            raise UsageError(str(err)) from None
+
+    return run
 
 
 def _add_connection(p: argparse.ArgumentParser) -> None:
@@ -106,6 +125,7 @@ def submit_options(args: argparse.Namespace) -> SubmitOptions:
         job_id=args.job_id, check=not args.no_check)
 
 
+@_usage_errors
 def cmd_submit(args: argparse.Namespace) -> int:
     sub = build_submission(submit_options(args))
     try:
@@ -128,7 +148,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return follow(client, job_id)
 
 
-
+@_usage_errors
 def cmd_logs(args: argparse.Namespace) -> int:
     client = JobsClient(args.address, args.auth_token_file)
     job_status(client, args.job)
@@ -137,6 +157,32 @@ def cmd_logs(args: argparse.Namespace) -> int:
     sys.stdout.write(client.get_job_logs(args.job))
     return 0
 
+
+def follow(client: JobsClient, job_id: str) -> int:
+    """Prints the job's logs until it ends (polling where the stream breaks) and its outcome;
+    0 if it succeeded, 130 when interrupted (the job goes on), else 1."""
+
+    def write(chunk: str) -> None:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    try:
+        try:
+            tail_logs(client, job_id, write)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # the stream broke (head restarted, network): poll instead
+            print(f"\nhaepo: log stream interrupted ({type(err).__name__}: {err}); waiting for "
+                  f"the job to end", file=sys.stderr, flush=True)
+        status = wait_terminal(client, job_id, timeout=None)
+    except KeyboardInterrupt:
+        print(f"\nhaepo: stopped following; the job goes on. Stop it with: haepo stop {job_id} "
+              f"--address {client.address}", file=sys.stderr)
+        return 130
+    info = client.get_job_info(job_id)
+    message = f": {info.message}" if info.message else ""
+    print(f"haepo: job {job_id} {status}{message}", file=sys.stderr, flush=True)
+    return 0 if status == "SUCCEEDED" else 1
 
 
 def _fmt_time(ms: int | None) -> str:
@@ -150,6 +196,7 @@ def _fmt_duration(start: int | None, end: int | None) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+@_usage_errors
 def cmd_jobs(args: argparse.Namespace) -> int:
     client = JobsClient(args.address, args.auth_token_file)
     jobs = client.list_jobs()
@@ -171,6 +218,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+@_usage_errors
 def cmd_stop(args: argparse.Namespace) -> int:
     client = JobsClient(args.address, args.auth_token_file)
     status = job_status(client, args.job)

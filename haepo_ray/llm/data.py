@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,14 +84,7 @@ def load_aclsum(
         path = root / f"{split}.jsonl"
         if not path.is_file():
             raise ValueError(f"ACLSum split {split!r}: no file {path}")
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err})") from None
+        for where, row in _jsonl_rows(path):
             abstract = row.get("sentences", {}).get("abstract") if isinstance(row, dict) else None
             if not isinstance(abstract, list) or not abstract or not all(isinstance(s, str) for s in abstract):
                 raise ValueError(f"{where}: 'sentences.abstract' must be a non-empty list of strings")
@@ -109,17 +102,26 @@ def load_aclsum(
     return examples
 
 
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """``("PATH:LINE", value)`` for each non-blank line of a JSON Lines file; ``ValueError``
+    naming the first line that is not JSON."""
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err})") from None
+        yield where, value
+
+
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
     path = Path(path_or_id)
     if path.suffix == ".jsonl" or path.suffix == ".json":
         if not path.is_file():
             raise ValueError(f"TL;DR file {path} does not exist")
-        for line_no, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    yield f"{path}:{line_no}", json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line_no}: not valid JSON ({err})") from None
+        yield from _jsonl_rows(path)
         return
     import datasets
 

@@ -124,17 +124,10 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
     ``experiment`` that has a ``generations.jsonl`` artifact, each with its run id.
 
     ``LookupError`` when the store, the experiment or any generations are missing."""
-    from mlflow.tracking import MlflowClient
+    from haepo_ray.tracking import experiment_named, open_store, search_all_runs
 
-    from haepo_ray.tracking import search_all_runs
-
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
-        raise LookupError(f"no MLflow store at {tracking_uri} (run a sweep first, or give --tracking-uri)")
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        known = sorted(e.name for e in client.search_experiments())
-        raise LookupError(f"no MLflow experiment {experiment!r} at {tracking_uri}; there are: {known}")
+    client = open_store(tracking_uri)
+    exp = experiment_named(client, experiment)
     runs = [r for r in search_all_runs(client, exp.experiment_id, f"tags.`{ROLE}` = 'trial'")
             if PARENT_RUN in r.data.tags]
     records: list[Generation] = []

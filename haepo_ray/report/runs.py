@@ -15,14 +15,13 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from haepo_ray import names
 from haepo_ray.report.kinds import ENTROPY, LLM, RL, Kind
-from haepo_ray.tracking import TRIAL_ROLE, search_all_runs
+from haepo_ray.tracking import TRIAL_ROLE, experiment_named, open_store, search_all_runs
 
 ITERATION = names.TRAINING_ITERATION
 SECONDS = names.TIME_TOTAL_S
@@ -172,21 +171,9 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
     Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
     no sweep.
     """
-    from mlflow.tracking import MlflowClient
-
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
-        raise LookupError(f"no MLflow store at {tracking_uri} (run a sweep first, or give --tracking-uri)")
-    client = MlflowClient(tracking_uri=tracking_uri)
-    if experiments:
-        exps = []
-        for name in experiments:
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                known = sorted(e.name for e in client.search_experiments())
-                raise LookupError(f"no MLflow experiment {name!r} at {tracking_uri}; there are: {known}")
-            exps.append(exp)
-    else:
-        exps = client.search_experiments()
+    client = open_store(tracking_uri)
+    exps = ([experiment_named(client, name) for name in experiments] if experiments
+            else client.search_experiments())
     trials: list[Trial] = []
     for exp in exps:
         runs = search_all_runs(client, exp.experiment_id, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")

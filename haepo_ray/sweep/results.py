@@ -16,6 +16,7 @@ from ray.tune import Callback
 from haepo_ray.sweep.plan import Plan
 from haepo_ray.tables import format_table
 from haepo_ray.tracking import best, metric_value, rank
+from haepo_ray.uris import is_http_url, is_uri
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def next_steps(result: SweepResult) -> str:
     the link opens the runs table), and the report."""
     uri = result.tracking_uri or ""
     runs = f"/#/experiments/{result.experiment_id}/runs"
-    if uri.startswith(("http://", "https://")):
+    if is_http_url(uri):
         view = f"open {uri.rstrip('/')}{runs}"
     else:
         view = f"mlflow ui --backend-store-uri {uri}, then open http://127.0.0.1:5000{runs}"
@@ -144,7 +145,7 @@ def next_steps(result: SweepResult) -> str:
 
 def write_summary(run_dir: str, result: SweepResult) -> None:
     """``haepo_summary.json`` in a local sweep folder."""
-    if "://" in run_dir:
+    if is_uri(run_dir):
         return
     try:
         (Path(run_dir) / "haepo_summary.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))

@@ -16,7 +16,7 @@ The callback (it subclasses Ray Tune's) loads on first use, so that readers of a
 import importlib
 from typing import Any
 
-from haepo_ray.tracking.queries import find_sweep_runs, search_all_runs
+from haepo_ray.tracking.queries import experiment_named, find_sweep_runs, open_store, search_all_runs
 from haepo_ray.tracking.schema import (
     DEFAULT_METRICS,
     LLM_METRICS,
@@ -44,9 +44,11 @@ __all__ = [
     "artifact_location_for",
     "best",
     "default_tracking_uri",
+    "experiment_named",
     "find_sweep_runs",
     "flatten",
     "metric_value",
+    "open_store",
     "rank",
     "resolve_tracking_uri",
     "sanitize_key",

@@ -8,6 +8,28 @@ from __future__ import annotations
 
 from haepo_ray import names
 from haepo_ray.tracking.schema import SWEEP_ROLE
+from haepo_ray.tracking.uri import sqlite_file
+
+
+def open_store(tracking_uri: str):
+    """An ``MlflowClient`` of the store at ``tracking_uri``; ``LookupError`` where that is a
+    SQLite file that does not exist (MLflow would create an empty one)."""
+    from mlflow.tracking import MlflowClient
+
+    db = sqlite_file(tracking_uri)
+    if db is not None and not db.is_file():
+        raise LookupError(f"no MLflow store at {tracking_uri} (run a sweep first, or give --tracking-uri)")
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_named(client, name: str):
+    """The client's MLflow experiment ``name``; ``LookupError`` naming the experiments there
+    are when it has none."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        known = sorted(e.name for e in client.search_experiments())
+        raise LookupError(f"no MLflow experiment {name!r} at {client.tracking_uri}; there are: {known}")
+    return exp
 
 
 def search_all_runs(client, experiment_id: str, filter_string: str) -> list:
@@ -52,9 +74,7 @@ def find_sweep_runs(tracking_uri: str, experiment_name: str, parent_run_id: str 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment_name)
-    if exp is None:
-        raise LookupError(f"no MLflow experiment {experiment_name!r} at {tracking_uri}")
+    exp = experiment_named(client, experiment_name)
     if parent_run_id is None:
         parents = client.search_runs([exp.experiment_id], f"tags.`{names.ROLE}` = '{SWEEP_ROLE}'",
                                      order_by=["attributes.start_time DESC"], max_results=1)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from haepo_ray.tracking.schema import MAX_PARAMS_PER_BATCH
+from haepo_ray.uris import is_uri
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ class MLflowCalls:
         if not self.not_logged:
             return
         path = self.not_logged_path
-        if path and "://" not in path:
+        if path and not is_uri(path):
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "a") as fh:

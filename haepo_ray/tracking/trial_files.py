@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from haepo_ray import names
+from haepo_ray.uris import is_uri
 
 
 def checkpoint_of(trial) -> Any:
@@ -35,7 +36,7 @@ def results_on_disk(trial) -> list[dict[str, Any]]:
             folder = getattr(trial, attr, None)
         except Exception:  # pragma: no cover - Tune internals
             folder = None
-        if not folder or "://" in str(folder):
+        if not folder or is_uri(str(folder)):
             continue
         path = Path(folder) / "result.json"
         if not path.is_file():

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 DEFAULT_DIR = ".haepo"
+SQLITE = "sqlite:///"
 
 
 def default_tracking_uri(cwd: str | Path | None = None, *, create: bool = True) -> str:
@@ -17,7 +18,7 @@ def default_tracking_uri(cwd: str | Path | None = None, *, create: bool = True) 
     root = Path(cwd or os.getcwd()).resolve() / DEFAULT_DIR
     if create:
         root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}"
+    return f"{SQLITE}{root / 'mlflow.db'}"
 
 
 def resolve_tracking_uri(uri: str | None = None, cwd: str | Path | None = None, *,
@@ -26,11 +27,14 @@ def resolve_tracking_uri(uri: str | None = None, cwd: str | Path | None = None, 
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(cwd, create=create)
 
 
+def sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` store; None for any other store."""
+    return Path(tracking_uri[len(SQLITE):]) if tracking_uri.startswith(SQLITE) else None
+
+
 def artifact_location_for(tracking_uri: str) -> str | None:
     """Where a new experiment keeps its artifacts: next to a SQLite store's file
     (``<db folder>/mlartifacts``; MLflow would use ``./mlruns`` of whatever the working
     directory is); None (the server's choice) for any other store."""
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
-        return (db.parent.resolve() / "mlartifacts").as_uri()
-    return None
+    db = sqlite_file(tracking_uri)
+    return None if db is None else (db.parent.resolve() / "mlartifacts").as_uri()
