@@ -3,6 +3,8 @@ training as a real subprocess."""
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import subprocess
 import sys
 
@@ -12,10 +14,10 @@ from haepo_ray.cli import main
 from haepo_ray.envs import registered_envs
 
 
-def haepo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def haepo(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "haepo_ray.cli", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, **kwargs,
     )
 
 
@@ -47,6 +49,8 @@ def test_envs_lists_every_registered_id(capsys):
         (["--env", "haepo/ChainMDP-v0", "--set", "not_a_setting=1"], "HAEPOConfig has no setting(s) ['not_a_setting']"),
         (["--env", "haepo/ChainMDP-v0", "--set", "beta_ent=-1"], "beta_ent must be a finite number >= 0"),
         (["--env", "haepo/ChainMDP-v0", "--set", "lr"], "--set expects key=value"),
+        (["--env", "haepo/ChainMDP-v0", "--stop-iters", "0"], "--stop-iters 0: Input should be greater than or equal to 1"),
+        (["--env", "haepo/ChainMDP-v0", "--stop-time", "-1"], "--stop-time -1.0: Input should be greater than 0"),
     ],
 )
 def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monkeypatch):
@@ -59,12 +63,25 @@ def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monk
     assert message in capsys.readouterr().err
 
 
-def test_train_runs_and_writes_a_loadable_checkpoint(tmp_path):
-    ckpt = tmp_path / "ckpt"
+def test_train_stop_options_make_a_stop_spec():
+    from haepo_ray.cli import make_parser
+    from haepo_ray.cli.train import stop_spec
+    from haepo_ray.sweep.spec import StopSpec
+
+    def stop(*args: str) -> StopSpec:
+        return stop_spec(make_parser().parse_args(["train", "--env", "haepo/ChainMDP-v0", *args]))
+
+    assert stop() == StopSpec(iterations=100)
+    assert stop("--stop-time", "60", "--stop-env-steps", "5000", "--stop-return", "0.9") == StopSpec(
+        seconds=60, env_steps=5000, episode_return_mean=0.9)
+
+
+def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
+    ckpt, uri = tmp_path / "ckpt", f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = haepo(
         "train", "--env", "haepo/ChainMDP-v0", "--stop-iters", "3", "--seed", "1",
         "--num-cpus", "2", "--set", "lr=0.05", "--set", "model_config={fcnet_hiddens: [8]}",
-        "--checkpoint-dir", str(ckpt),
+        "--checkpoint-dir", str(ckpt), "--tracking-uri", uri, "--experiment", "chain",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     progress = [line for line in out.stdout.splitlines() if line.startswith("iter")]
@@ -76,6 +93,38 @@ def test_train_runs_and_writes_a_loadable_checkpoint(tmp_path):
 
     module = RLModule.from_checkpoint(ckpt / "learner_group" / "learner" / "rl_module" / "default_policy")
     assert sum(p.numel() for p in module.parameters()) > 0
+
+    from mlflow.tracking import MlflowClient
+
+    from haepo_ray import names
+    from haepo_ray.tracking import DEFAULT_METRICS, TRAIN_ROLE
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("chain").experiment_id])
+    assert f"MLflow run: {run.info.run_id}" in out.stdout
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert {k: tags[k] for k in (names.ROLE, names.ALGORITHM, names.ENV, names.SEED, names.CHECKPOINT)} == {
+        names.ROLE: TRAIN_ROLE, names.ALGORITHM: "HAEPO", names.ENV: "haepo/ChainMDP-v0", names.SEED: "1",
+        names.CHECKPOINT: str(ckpt)}
+    assert {names.CODE_COMMIT, names.MACHINE_CPUS, names.VERSION_RAY, names.NODE_IP} <= set(tags)
+    params = run.data.params
+    assert (params["lr"], params["_model_config/fcnet_hiddens"], params["stop/training_iteration"]) == ("0.05", "[8]", "3")
+    assert "checkpoint/rllib_checkpoint.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+    keys = set(run.data.metrics)
+    assert {names.TRAINING_ITERATION, names.EPISODE_RETURN_MEAN, names.WEIGHT_ENTROPY} <= keys
+    assert all(any(fnmatch.fnmatchcase(k, p) for p in DEFAULT_METRICS) for k in keys)  # the sweep's selection
+    for key in keys:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
+
+
+def test_train_no_tracking_writes_nothing_to_mlflow(tmp_path):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'env.db'}"}
+    out = haepo("train", "--env", "haepo/ChainMDP-v0", "--stop-iters", "1", "--num-cpus", "2",
+                "--set", "model_config={fcnet_hiddens: [8]}", "--no-tracking", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MLflow" not in out.stdout and "checkpoint: " in out.stdout
+    assert not (tmp_path / "env.db").exists() and not (tmp_path / ".haepo" / "mlflow.db").exists()
 
 
 @pytest.mark.parametrize("algo", ["DPO", "GRPO"])

@@ -96,6 +96,24 @@ def test_each_kind_of_trial_answers_the_sweep_from_its_plan():
     assert llm.label == f"llm_{llm.spec.llm.model}"
 
 
+@pytest.mark.parametrize("criterion, reached, short", [
+    ({"iterations": 3}, {"training_iteration": 3}, {"training_iteration": 2}),
+    ({"seconds": 1.5}, {"time_total_s": 1.5}, {"time_total_s": 1.4}),
+    ({"env_steps": 100}, {"env_runners": {"num_env_steps_sampled_lifetime": 120}},
+     {"env_runners": {"num_env_steps_sampled_lifetime": 99}}),
+    ({"episode_return_mean": 0.5}, {"env_runners": {"episode_return_mean": 0.5}},
+     {"env_runners": {"episode_return_mean": math.nan}}),
+])
+def test_a_stop_criterion_is_reached_at_its_threshold_as_in_tune(criterion, reached, short):
+    """``StopSpec.reached``, the rule of ``haepo train``: a nested result's value >= the
+    threshold stops; below it, NaN or missing does not; any criterion met stops."""
+    from haepo_ray.sweep.spec import StopSpec
+
+    stop = StopSpec(**criterion)
+    assert stop.reached(reached) and not stop.reached(short) and not stop.reached({})
+    assert StopSpec(**{"iterations": 1000, "seconds": 1e9, **criterion}).reached(reached)
+
+
 def test_smoke_dry_run_from_the_command_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "haepo_ray.cli", "sweep", str(REPO / "tune_configs" / "smoke.yaml"),
                            "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120)

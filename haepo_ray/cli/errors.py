@@ -1,7 +1,16 @@
-"""The one error type of the ``haepo`` command."""
+"""The one error type of the ``haepo`` command, and where its warnings go."""
 
 from __future__ import annotations
+
+import logging
 
 
 class UsageError(Exception):
     """A bad command line or setting: printed without a traceback, exit code 2."""
+
+
+def configure_logging() -> None:
+    """Warnings of haepo_ray (MLflow trouble above all) go to stderr with a time stamp."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")

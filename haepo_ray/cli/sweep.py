@@ -7,11 +7,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
-from haepo_ray.cli.errors import UsageError
+from haepo_ray.cli.errors import UsageError, configure_logging
 
 
 def add_parser(subparsers) -> None:
@@ -51,7 +50,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from haepo_ray.sweep.runner import SweepError, run_sweep
     from haepo_ray.sweep.spec import SpecError
 
-    _configure_logging()
+    configure_logging()
     try:
         plan = load_plan(args.spec)
     except SpecError as err:
@@ -78,10 +77,3 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except (SweepError, SpecError) as err:
         raise UsageError(str(err)) from None
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0
-
-
-def _configure_logging() -> None:
-    """Warnings of haepo_ray (MLflow trouble above all) go to stderr with a time stamp."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")

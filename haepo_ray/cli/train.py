@@ -1,18 +1,29 @@
-"""``haepo train``: one trial in an embedded Ray, progress per iteration, a final checkpoint."""
+"""``haepo train``: one trial in an embedded Ray, progress per iteration, a final checkpoint,
+logged to MLflow as one run (:class:`haepo_ray.tracking.MLflowRun`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from haepo_ray import names
-from haepo_ray.cli.errors import UsageError
+from haepo_ray.cli.args import add_experiment, add_tracking_uri
+from haepo_ray.cli.errors import UsageError, configure_logging
+from haepo_ray.sweep.spec import StopSpec
+
+DEFAULT_EXPERIMENT = "train"
+DEFAULT_STOP = StopSpec(iterations=100)
+# StopSpec's criteria -> the options (argparse dests) that set them.
+STOP_OPTIONS = {"iterations": "stop_iters", "seconds": "stop_time", "env_steps": "stop_env_steps",
+                "episode_return_mean": "stop_return"}
 
 
 def add_parser(subparsers) -> None:
@@ -21,13 +32,17 @@ def add_parser(subparsers) -> None:
     train.add_argument("--algo", default="HAEPO", help="HAEPO (default), DPO, GRPO or an RLlib algorithm name, e.g. PPO")
     stop = train.add_argument_group("stop criteria (any that is met stops; default --stop-iters 100)")
     stop.add_argument("--stop-iters", type=int, help="training iterations")
-    stop.add_argument("--stop-time", type=float, help="wall-clock seconds")
+    stop.add_argument("--stop-time", type=float, help="wall-clock seconds of training")
+    stop.add_argument("--stop-env-steps", type=int, help="env steps sampled")
     stop.add_argument("--stop-return", type=float, help="mean episode return")
     train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="an algorithm setting, value in YAML, e.g. --set lr=0.01 (repeatable)")
     train.add_argument("--checkpoint-dir", help="where to write the final checkpoint")
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
+    add_tracking_uri(train)
+    add_experiment(train, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})")
+    train.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     train.set_defaults(func=cmd_train)
 
 
@@ -43,6 +58,19 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError as err:
             raise UsageError(f"--set {key}: value {raw!r} is not valid YAML ({err})") from None
     return overrides
+
+
+def stop_spec(args: argparse.Namespace) -> StopSpec:
+    """The run's stop rule from the ``--stop-*`` options (none given: :data:`DEFAULT_STOP`)."""
+    given = {key: getattr(args, dest) for key, dest in STOP_OPTIONS.items() if getattr(args, dest) is not None}
+    if not given:
+        return DEFAULT_STOP
+    try:
+        return StopSpec(**given)
+    except ValidationError as err:
+        raise UsageError("; ".join(
+            f"--{STOP_OPTIONS[e['loc'][0]].replace('_', '-')} {e['input']!r}: {e['msg']}" for e in err.errors()
+        )) from None
 
 
 def train_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any]):
@@ -75,29 +103,56 @@ def _progress_line(result: dict[str, Any]) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.stop_iters is None and args.stop_time is None and args.stop_return is None:
-        args.stop_iters = 100
+    configure_logging()
+    stop = stop_spec(args)
     config = train_config(args.algo, args.env, args.seed, parse_overrides(args.set or []))
+    name = f"{args.algo}-{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
-    algo = config.build_algo()
-    start = time.monotonic()
+    run = None if args.no_tracking else _start_run(args, config, stop, name)
+    algo, status, checkpoint, error = None, "FAILED", None, None
     try:
+        algo = config.build_algo()
         while True:
             result = algo.train()
             print(_progress_line(result), flush=True)
-            ret = result.get("env_runners", {}).get("episode_return_mean", -math.inf)
-            if (
-                (args.stop_iters is not None and result[names.TRAINING_ITERATION] >= args.stop_iters)
-                or (args.stop_time is not None and time.monotonic() - start >= args.stop_time)
-                or (args.stop_return is not None and ret >= args.stop_return)
-            ):
+            if run is not None:
+                run.log_result(result)
+            if stop.reached(result):
                 break
-        out = Path(args.checkpoint_dir or Path(".haepo") / "checkpoints" / f"{args.algo}-{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
-        algo.save_to_path(out.resolve())
-        print(f"checkpoint: {out.resolve()}")
+        out = Path(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name).resolve()
+        algo.save_to_path(out)
+        print(f"checkpoint: {out}")
+        status, checkpoint = "FINISHED", out
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except Exception:
+        error = traceback.format_exc()
+        raise
     finally:
-        algo.stop()
+        if run is not None:
+            from ray.train import Checkpoint
+
+            run.end(status, Checkpoint.from_directory(checkpoint) if checkpoint else None, error)
+        if algo is not None:
+            algo.stop()
         ray.shutdown()
     return 0
+
+
+def _start_run(args: argparse.Namespace, config, stop: StopSpec, name: str):
+    """The run's MLflow run, started (None when MLflow cannot be reached)."""
+    from haepo_ray import tracking
+    from haepo_ray.provenance import provenance
+
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    experiment = args.experiment or DEFAULT_EXPERIMENT
+    print(f"MLflow tracking URI: {uri} (experiment {experiment!r})", flush=True)
+    run = tracking.MLflowRun(uri, experiment, name)
+    tags = {**provenance(), names.ALGORITHM: args.algo, names.ENV: args.env, names.SEED: str(args.seed)}
+    if run.start(tags, {**config.to_dict(), "stop": stop.to_tune()}) is None:
+        return None
+    print(f"MLflow run: {run.run_id}", flush=True)
+    return run

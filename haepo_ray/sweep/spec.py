@@ -83,6 +83,7 @@ from pydantic import (
 
 from haepo_ray import names
 from haepo_ray.sweep.spec_errors import format_validation_error
+from haepo_ray.tracking.schema import flatten
 
 DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 SEARCH_ALGORITHMS = ("grid", "random", "optuna")
@@ -255,6 +256,12 @@ class StopSpec(_Model):
         (``iterations`` counts ``step_key``)."""
         keys = {**STOP_KEYS, "iterations": step_key}
         return {keys[k]: getattr(self, k) for k in STOP_KEYS if getattr(self, k) is not None}
+
+    def reached(self, result: Mapping[str, Any]) -> bool:
+        """Whether a (nested) training result stops the run, as Tune decides with
+        :meth:`to_tune`'s dict: some key's value >= its threshold; a missing key stops nothing."""
+        flat = flatten(result)
+        return any(key in flat and flat[key] >= value for key, value in self.to_tune().items())
 
 
 class Resources(_Model):

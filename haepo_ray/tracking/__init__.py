@@ -7,6 +7,7 @@ logged from the Tune driver.
 - :mod:`~haepo_ray.tracking.retry`: MLflow calls with retries, and the record of what failed;
 - :mod:`~haepo_ray.tracking.writer`: the background thread that writes (typed messages);
 - :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
+- :mod:`~haepo_ray.tracking.run`: one run without a parent (``haepo train``);
 - :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again.
 
 The callback (it subclasses Ray Tune's) loads on first use, so that readers of a store
@@ -21,6 +22,7 @@ from haepo_ray.tracking.schema import (
     DEFAULT_METRICS,
     LLM_METRICS,
     SWEEP_ROLE,
+    TRAIN_ROLE,
     TRIAL_ROLE,
     best,
     flatten,
@@ -31,12 +33,15 @@ from haepo_ray.tracking.schema import (
 )
 from haepo_ray.tracking.uri import artifact_location_for, default_tracking_uri, resolve_tracking_uri
 from haepo_ray.tracking.retry import NotLogged, RetryPolicy
+from haepo_ray.tracking.run import MLflowRun
 
 __all__ = [
     "DEFAULT_METRICS",
     "LLM_METRICS",
     "SWEEP_ROLE",
+    "TRAIN_ROLE",
     "TRIAL_ROLE",
+    "MLflowRun",
     "MLflowSweepCallback",
     "NotLogged",
     "RetryPolicy",

@@ -40,13 +40,14 @@ from typing import Any
 from ray.tune import Callback
 
 from haepo_ray import names
-from haepo_ray.tracking.queries import child_runs, find_sweep_parent
+from haepo_ray.tracking.queries import child_runs, find_sweep_parent, get_or_create_experiment
 from haepo_ray.tracking.schema import (
     DEFAULT_METRICS,
     SWEEP_ROLE,
     TRIAL_ROLE,
     is_metric_value,
     params_of,
+    result_tags,
     sanitize_key,
     select_metrics,
     summarize_trials,
@@ -178,7 +179,8 @@ class MLflowSweepCallback(Callback):
         s, calls = self.settings, self._calls
         calls.connect()
         ok, experiment_id = calls.call("experiment", None, f"experiment {s.experiment_name!r}",
-                                       self._get_or_create_experiment)
+                                       lambda: get_or_create_experiment(calls.client, s.experiment_name,
+                                                                        s.artifact_location))
         parent = None
         if ok and s.resume and s.sweep_dir is not None:
             ok, parent = calls.call("parent run", None, f"parent run of {s.sweep_name!r} (resume)",
@@ -193,21 +195,6 @@ class MLflowSweepCallback(Callback):
         self.experiment_id, self.parent_run_id = experiment_id, parent
         self._writer.start(experiment_id, parent, self._earlier_runs)
         return parent
-
-    def _get_or_create_experiment(self) -> str:
-        client, name = self._calls.client, self.settings.experiment_name
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            if exp.lifecycle_stage == "deleted":
-                client.restore_experiment(exp.experiment_id)
-            return exp.experiment_id
-        try:
-            return client.create_experiment(name, artifact_location=self.settings.artifact_location)
-        except Exception:  # made meanwhile by another driver
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
 
     def _reopen_parent(self, experiment_id: str) -> str | None:
         """The parent run of an earlier session of this sweep, set RUNNING, with its children
@@ -312,8 +299,7 @@ class MLflowSweepCallback(Callback):
     def _tag_result(self, trial, result: Mapping[str, Any]) -> None:
         """Tags the trial's run with the node and provenance of a result, when they changed
         (a trial restored on another node)."""
-        tags = {names.NODE_IP: str(result.get("node_ip", "")), names.HOSTNAME: str(result.get("hostname", "")),
-                **(result.get(names.PROVENANCE) or {})}
+        tags = result_tags(result)
         if self._result_tags.get(trial.trial_id) != tags:
             self._result_tags[trial.trial_id] = tags
             self._writer.put(Tags(trial.trial_id, tags))

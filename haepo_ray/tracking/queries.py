@@ -1,4 +1,5 @@
-"""Finding a sweep's runs in MLflow: by the tags of :mod:`haepo_ray.tracking.schema`.
+"""Finding a sweep's runs in MLflow: by the tags of :mod:`haepo_ray.tracking.schema`; and
+the experiment they go to (:func:`get_or_create_experiment`).
 
 The callback uses these to find the runs of an earlier session again (resume, a retried
 create); tests and the report use them to read a sweep back.
@@ -49,12 +50,31 @@ def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
     return search_all_runs(client, experiment_id, f"tags.`{names.PARENT_RUN}` = '{_q(parent_run_id)}'")
 
 
-def find_trial_run(client, experiment_id: str, parent_run_id: str, trial_id: str) -> str | None:
-    """The run id of a trial's child run under ``parent_run_id``, if there is one."""
-    runs = search_all_runs(client, experiment_id,
-                           f"tags.`{names.PARENT_RUN}` = '{_q(parent_run_id)}' and "
-                           f"tags.`{names.TRIAL_ID}` = '{_q(trial_id)}'")
+def find_trial_run(client, experiment_id: str, parent_run_id: str | None, trial_id: str) -> str | None:
+    """The run id of a trial's child run under ``parent_run_id`` (None: a run of the trial id
+    with or without a parent), if there is one."""
+    query = f"tags.`{names.TRIAL_ID}` = '{_q(trial_id)}'"
+    if parent_run_id is not None:
+        query = f"tags.`{names.PARENT_RUN}` = '{_q(parent_run_id)}' and {query}"
+    runs = search_all_runs(client, experiment_id, query)
     return runs[0].info.run_id if runs else None
+
+
+def get_or_create_experiment(client, name: str, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name``: restored when deleted, created (with
+    ``artifact_location``) when missing."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except Exception:  # made meanwhile by another driver
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def find_sweep_parent(client, experiment_id: str, sweep_dir: str) -> str | None:

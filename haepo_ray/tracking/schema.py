@@ -1,7 +1,8 @@
 """What a sweep writes to MLflow, in which form; the report reads it back the same way.
 
 - Tags: the names in :mod:`haepo_ray.names`; :data:`SWEEP_ROLE` / :data:`TRIAL_ROLE` are the
-  values of ``haepo.role`` on a parent and a child run.
+  values of ``haepo.role`` on a parent and a child run, :data:`TRAIN_ROLE` on a ``haepo train``
+  run; :func:`result_tags` are those a result gives its run.
 - Params: a config flattened with ``/`` (:func:`flatten`), keys made valid (:func:`sanitize_key`),
   values as text (:func:`param_value`).
 - Metrics: the numeric values of a result whose flattened keys match the globs of
@@ -24,6 +25,7 @@ from haepo_ray import names
 
 SWEEP_ROLE = "sweep"
 TRIAL_ROLE = "trial"
+TRAIN_ROLE = "train"  # a run of ``haepo train``: no parent
 
 # Result keys logged every iteration (glob patterns over the "/"-flattened result).
 DEFAULT_METRICS = (
@@ -107,6 +109,13 @@ def params_of(config: Mapping[str, Any]) -> dict[str, str]:
 def tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
     """Tags as MLflow stores them: text, cut to its length limit."""
     return {k: str(v)[:MAX_TAG_VALUE] for k, v in tags.items()}
+
+
+def result_tags(result: Mapping[str, Any]) -> dict[str, str]:
+    """The tags a result gives its run: the Ray node (ip, host name) and the provenance it
+    carries (:data:`~haepo_ray.names.PROVENANCE`)."""
+    return {names.NODE_IP: str(result.get("node_ip", "")), names.HOSTNAME: str(result.get("hostname", "")),
+            **(result.get(names.PROVENANCE) or {})}
 
 
 def is_metric_value(value: Any) -> bool:

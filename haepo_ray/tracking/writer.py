@@ -1,5 +1,5 @@
-"""Writes a sweep to MLflow on a background thread, so that logging never blocks Tune nor
-raises into it.
+"""Writes a sweep (or one ``haepo train`` run) to MLflow on a background thread, so that
+logging never blocks Tune or training, nor raises into it.
 
 The driver queues typed messages (:class:`StartRun`, :class:`Metrics`, :class:`Tags`,
 :class:`EndRun`, :class:`Summary`, :class:`EndParent`; :class:`Barrier` and :class:`Stop` to
@@ -74,7 +74,7 @@ class EndRun:
 
     what: ClassVar[str] = "status"
     trial_id: str
-    status: str  # FINISHED | FAILED
+    status: str  # FINISHED | FAILED | KILLED
     checkpoint: Any
     error: str | None
     num_failures: int
@@ -117,7 +117,8 @@ Message = StartRun | Metrics | Tags | EndRun | Summary | EndParent | Barrier | S
 
 
 class MLflowWriter:
-    """The logging thread of one sweep, below its parent run.
+    """The logging thread of one sweep, below its parent run; without a parent, of one
+    ``haepo train`` run (:class:`haepo_ray.tracking.run.MLflowRun`).
 
     Args:
         calls: the sweep's MLflow client (connected), with retries and the not-logged record.
@@ -137,11 +138,13 @@ class MLflowWriter:
         self._queue: queue.Queue[Message] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def start(self, experiment_id: str, parent_run_id: str, earlier_runs: Mapping[str, str]) -> None:
-        """Starts the thread for the sweep's parent run; ``earlier_runs`` are the child runs an
-        earlier session of the sweep made (trial id -> run id)."""
+    def start(self, experiment_id: str, parent_run_id: str | None,
+              earlier_runs: Mapping[str, str] | None = None) -> None:
+        """Starts the thread for the sweep's parent run (None: runs without a parent);
+        ``earlier_runs`` are the child runs an earlier session of the sweep made (trial id ->
+        run id)."""
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
-        self.earlier_runs = dict(earlier_runs)
+        self.earlier_runs = dict(earlier_runs or {})
         self._thread = threading.Thread(target=self._run, name="haepo-mlflow", daemon=True)
         self._thread.start()
 
@@ -241,7 +244,8 @@ class MLflowWriter:
         earlier = run_id is not None
 
         def create() -> str:
-            tags = tag_values({names.PARENT_RUN: self.parent_run_id, **msg.tags})
+            parent = {names.PARENT_RUN: self.parent_run_id} if self.parent_run_id else {}
+            tags = tag_values({**parent, **msg.tags})
             return self.client.create_run(self.experiment_id, tags=tags, run_name=msg.name).info.run_id
 
         def find_or_create() -> str:  # a retry must not create a second run
