@@ -213,7 +213,7 @@ def test_a_train_run_is_one_run_without_parent_in_a_trials_form(tmp_path):
 
 
 def test_a_train_run_without_reachable_mlflow_warns_and_trains_on(caplog):
-    run = tracking.MLflowRun(f"http://127.0.0.1:{_free_port()}", "train", "r",
+    run = tracking.MLflowRun(f"http://127.0.0.1:{free_port()}", "train", "r",
                              retry=tracking.RetryPolicy(retries=1, backoff_s=0.05, timeout_s=2))
     with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
         assert run.start({}, {"lr": 0.1}) is None

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from haepo_ray.sweep.spec import SweepSpec
+from haepo_ray.uris import is_uri
 
 __all__ = ["DEFAULT_STORAGE", "experiment_root", "latest_run_dir", "new_run_name"]
 
@@ -18,7 +19,7 @@ DEFAULT_STORAGE = Path(".haepo") / "ray_results"
 def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path: str | None = None) -> str:
     """``<root>/<experiment>``: a local path made absolute, or a URI (``s3://...``) as given."""
     root = storage_path or spec.storage_path or str(Path.cwd() / DEFAULT_STORAGE)
-    if "://" not in root:
+    if not is_uri(root):
         root = str(Path(root).expanduser().resolve())
     return f"{root.rstrip('/')}/{experiment or spec.experiment}"
 
@@ -32,7 +33,7 @@ def latest_run_dir(root: str) -> str | None:
     """The newest sweep run under ``root`` that Tune can restore."""
     from ray import tune
 
-    if "://" in root:
+    if is_uri(root):
         import pyarrow.fs
 
         fs, path = pyarrow.fs.FileSystem.from_uri(root)

@@ -22,6 +22,7 @@ from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_name
 from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.spec import SweepSpec
+from haepo_ray.uris import is_uri
 
 RUN_INFO_FILE = "haepo_sweep.json"
 
@@ -236,7 +237,7 @@ def run_sweep(
 
 
 def _write_run_info(run_dir: str, spec: SweepSpec, experiment: str, uri: str | None, callback) -> None:
-    if "://" in run_dir:
+    if is_uri(run_dir):
         return
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
