@@ -75,3 +75,10 @@ def test_no_module_imports_one_that_imports_it_back():
     graph = import_graph()
     assert "haepo_ray.sweep.llm_trainable" in graph["haepo_ray.sweep.llm_plan"]  # the graph sees lazy imports
     assert cycles(graph) == []
+
+
+def test_the_library_never_imports_the_command_line():
+    graph = import_graph()
+    up = {module: sorted(t for t in targets if t.startswith("haepo_ray.cli"))
+          for module, targets in graph.items() if not module.startswith("haepo_ray.cli")}
+    assert {m: t for m, t in up.items() if t} == {}
