@@ -57,7 +57,7 @@ def test_aclsum_missing_split_and_bad_json(tmp_path):
     with pytest.raises(ValueError, match="ACLSum split 'dev': no file"):
         load_aclsum(["dev"], root=tmp_path)
     (tmp_path / "train.jsonl").write_text('{"id": \n')
-    with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
+    with pytest.raises(ValueError, match=r"train.jsonl:1: not JSON"):
         load_aclsum(["train"], root=tmp_path)
 
 

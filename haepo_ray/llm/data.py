@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,18 +102,21 @@ def load_aclsum(
     return examples
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """``("PATH:LINE", value)`` for each non-blank line of a JSON Lines file; ``ValueError``
-    naming the first line that is not JSON."""
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+def jsonl_rows(lines: Iterable[str], where: Callable[[int], str]) -> Iterator[tuple[str, Any]]:
+    """``(where(line number), value)`` for each non-blank line of a JSON Lines text;
+    ``ValueError`` naming the first line that is not JSON."""
+    for line_no, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        where = f"{path}:{line_no}"
         try:
             value = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not valid JSON ({err})") from None
-        yield where, value
+            raise ValueError(f"{where(line_no)}: not JSON ({err.msg})") from None
+        yield where(line_no), value
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    return jsonl_rows(path.read_text().splitlines(), lambda line_no: f"{path}:{line_no}")
 
 
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from haepo_ray.llm.data import jsonl_rows
 from haepo_ray.llm.rewards import rouge_l
 from haepo_ray.names import PARENT_RUN, ROLE
 
@@ -80,14 +81,7 @@ def read_generations(path: str | Path, run_id: str | None = None) -> list[Genera
         raise ValueError(f"cannot read generations file {path}: {err.strerror or err}") from None
     name = f"{GENERATIONS} of run {run_id}" if run_id else str(path)
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{name} line {number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not JSON ({err.msg})") from None
+    for where, obj in jsonl_rows(lines, lambda number: f"{name} line {number}"):
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         for key, kind in FIELDS.items():

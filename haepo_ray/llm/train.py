@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from haepo_ray.llm.data import Example, format_prompt, load_examples, split_examples
+from haepo_ray.llm.data import Example, format_prompt, jsonl_rows, load_examples, split_examples
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
@@ -290,7 +290,8 @@ class LLMRun:
             for name in (METRICS_FILE, GENERATIONS_FILE):
                 shutil.copyfile(folder / name, self.out / name)
             self.writer = _Writer(self.out, self.callback, append=True)
-        self.writer.rows = [json.loads(line) for line in (folder / METRICS_FILE).read_text().splitlines()]
+        metrics = folder / METRICS_FILE
+        self.writer.rows = [row for _, row in jsonl_rows(metrics.read_text().splitlines(), lambda n: f"{metrics}:{n}")]
 
     @property
     def rows(self) -> list[dict[str, Any]]:
