@@ -19,12 +19,16 @@ Set-ups (``--algos``):
   32 steps per batch, its own number of envs whatever ``--num-envs-per-env-runner`` says),
   with Stable-Baselines3's PPO defaults where RLlib's differ, since the Zoo's values are
   tuned on top of those.
+- ``PPO-paper``: the paper's PPO, as ``tune_configs/paper/cartpole_ppo.yaml`` (:data:`PPO_PAPER`):
+  clip 0.2, one epoch per update, no entropy bonus, 512 env steps per update in minibatches of
+  128, lr 1e-3, gamma 0.99, the HAEPO set-ups' MLP (128 ReLU); RLlib's defaults otherwise.
 - ``PPO-default``: ``PPOConfig()`` defaults (lr 5e-5, 4000 steps per batch, 30 epochs of
   minibatches of 128, [256, 256] tanh MLP, ...).
 
 The env-runner setting (``--num-env-runners``, ``--num-envs-per-env-runner``) is the same
-for all but ``PPO-tuned``, unless ``--haepo-envs-per-env-runner`` gives the HAEPO set-ups
-their own number of envs per runner (8 makes them sample like ``PPO-tuned``). Each HAEPO
+for all but ``PPO-tuned`` (``--num-envs-per-env-runner 8`` gives every set-up 8 envs, as
+``PPO-tuned``), unless ``--haepo-envs-per-env-runner`` gives the HAEPO set-ups their own
+number of envs per runner. Each HAEPO
 set-up is compared with each PPO set-up (ratios of the medians).
 
 Measurements, per iteration: ``time.perf_counter`` since the start of training,
@@ -101,6 +105,18 @@ HAEPO_SEARCHED = {
     "reference_policy": "initial",
 }
 
+# The paper's PPO (CartPole section), as tune_configs/paper/cartpole_ppo.yaml: the paper gives
+# clip 0.2, one epoch, no entropy bonus and gamma 0.99; lr and the batch are that spec's choice.
+PPO_PAPER = {
+    "train_batch_size_per_learner": 512,
+    "minibatch_size": 128,
+    "num_epochs": 1,
+    "clip_param": 0.2,
+    "entropy_coeff": 0.0,
+    "lr": 1e-3,
+    "gamma": 0.99,
+}
+
 # RL Zoo3, hyperparams/ppo.yml, CartPole-v1: n_envs 8, n_steps 32, batch_size 256, n_epochs
 # 20, gae_lambda 0.8, gamma 0.98, learning_rate and clip_range 1e-3 and 0.2 (the Zoo decays
 # both linearly over its 1e5 steps; constant here), ent_coef 0, SB3's MlpPolicy (separate
@@ -153,6 +169,22 @@ def ppo_default_config(seed: int, args: argparse.Namespace):
     )
 
 
+def ppo_paper_config(seed: int, args: argparse.Namespace):
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    return (
+        PPOConfig()
+        .environment(ENV)
+        .training(**PPO_PAPER)
+        .rl_module(model_config={"fcnet_hiddens": [128], "fcnet_activation": args.haepo_activation})
+        .env_runners(
+            num_env_runners=args.num_env_runners,
+            num_envs_per_env_runner=args.num_envs_per_env_runner,
+        )
+        .debugging(seed=seed)
+    )
+
+
 def ppo_tuned_config(seed: int, args: argparse.Namespace):
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -170,6 +202,7 @@ def ppo_tuned_config(seed: int, args: argparse.Namespace):
 CONFIGS: dict[str, Callable] = {
     "HAEPO": haepo_config,
     "HAEPO-searched": functools.partial(haepo_config, training=HAEPO_SEARCHED),
+    "PPO-paper": ppo_paper_config,
     "PPO-tuned": ppo_tuned_config,
     "PPO-default": ppo_default_config,
 }

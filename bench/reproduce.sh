@@ -9,7 +9,8 @@
 #
 # Output (REPRO_DIR, default .haepo/reproduction): mlflow.db, ray_results/, and per
 # experiment report-<experiment>/ (index.html, results.md/.csv, provenance.csv, figures).
-# Each spec's wall time is printed and appended to times.tsv. A spec whose sweep fails is
+# Each spec's wall time is printed and appended to times.tsv (columns: spec, ok/failed, seconds,
+# UTC start, the 1-minute load average at its start and at its end). A spec whose sweep fails is
 # reported and the others still run; the exit code is then 1. REPORT_ONLY=1 skips the
 # sweeps and reports what the store holds.
 #
@@ -48,13 +49,16 @@ for experiment in "${experiments[@]}"; do
         names+=(--experiment "$name")
         [ -z "${REPORT_ONLY:-}" ] || continue
         start=$SECONDS
+        started=$(date -u +%FT%TZ)
+        load_start=$(cut -d' ' -f1 /proc/loadavg)
         if "$haepo" sweep "$spec" --tracking-uri "$uri" --storage-path "$out/ray_results" --quiet; then
             result=ok
         else
             result=failed
             status=1
         fi
-        printf '%s\t%s\t%d\n' "$name" "$result" $((SECONDS - start)) | tee -a "$out/times.tsv"
+        printf '%s\t%s\t%d\t%s\t%s\t%s\n' "$name" "$result" $((SECONDS - start)) "$started" \
+            "$load_start" "$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$out/times.tsv"
     done
     "$haepo" report --tracking-uri "$uri" "${names[@]}" --out "$out/report-$experiment" "${require[@]}" || status=1
 done
