@@ -28,5 +28,5 @@ def test_every_paper_spec_states_gamma(path):
     assert 0.0 < gamma <= 1.0
     if spec["algorithm"] in ("HAEPO", "DPO") and spec["env"] in ("haepo/RandomWalk-v0", "haepo/ChainMDP-v0"):
         assert gamma == 1.0, f"{path.name}: the paper's return is in {{0, 1}}"
-    if spec["env"] == "CartPole-v1":
-        assert gamma == 0.99, f"{path.name}: the paper's CartPole discount"
+    if spec["env"] == "CartPole-v1":  # the paper's CartPole discount; RL Zoo3's for its tuned PPO
+        assert gamma == (0.98 if path.stem == "cartpole_ppo_tuned" else 0.99), path.name
