@@ -26,10 +26,12 @@ DASHBOARD = Path(__file__).parents[1] / "dashboards" / "haepo-training.json"
 METRIC = re.compile(r"\b(ray_[a-zA-Z0-9_]+)")
 # Reported by Ray's reporter agent only on nodes with GPUs.
 GPU_ONLY = {"ray_node_gpus_utilization", "ray_node_gram_used"}
-SCRAPE_INTERVAL_S = 1
-# Grafana's built-in variables, as Grafana sets them for a 1 s scrape interval
+# Prometheus times a scrape out after one interval: Ray's metrics endpoint can take over 1 s to
+# answer on a loaded 2-core machine (then every target is "down" and every panel empty).
+SCRAPE_INTERVAL_S = 3
+# Grafana's built-in variables, as Grafana sets them for this scrape interval
 # ($__rate_interval = max($__interval + scrape interval, 4 * scrape interval)).
-BUILTINS = {"__interval": "1s", "__rate_interval": "4s", "__range": "5m"}
+BUILTINS = {"__interval": f"{SCRAPE_INTERVAL_S}s", "__rate_interval": f"{4 * SCRAPE_INTERVAL_S}s", "__range": "5m"}
 LABEL_VALUES = re.compile(r"^label_values\((?:(?P<match>.+),\s*)?(?P<label>\w+)\)$")
 VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 REGEX_CHAR = re.compile(r"([\\^$*+?.()|{}\[\]])")
