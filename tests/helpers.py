@@ -58,15 +58,21 @@ class MLflowServer:
 
     def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
         self.root = root
+        self.backend = backend or f"sqlite:///{root / 'server.db'}"
+        self.workers = workers
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.db = root / "server.db"
         self.log = open(root / "server.log", "w")
+        self.start()
+
+    def start(self) -> None:
+        """Starts the server (on its port and store) and waits until it answers."""
         mlflow = Path(sys.executable).with_name("mlflow")
         self.proc = subprocess.Popen(
-            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
-             "--backend-store-uri", backend or f"sqlite:///{self.db}",
-             "--artifacts-destination", str(root / "artifacts")],
+            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
+             str(self.workers), "--backend-store-uri", self.backend,
+             "--artifacts-destination", str(self.root / "artifacts")],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             # No job execution: it starts a second process (huey consumer) that imports
             # MLflow alongside the server, tripling the start-up (20 s -> 60 s on 2 busy
@@ -77,7 +83,7 @@ class MLflowServer:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("mlflow server exited:\n" + (root / "server.log").read_text()[-2000:])
+                raise RuntimeError("mlflow server exited:\n" + (self.root / "server.log").read_text()[-2000:])
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
                     if r.status == 200:
@@ -87,10 +93,14 @@ class MLflowServer:
         self.kill()
         raise RuntimeError("mlflow server did not answer /health in 90 s")
 
-    def kill(self) -> None:
+    def stop(self) -> None:
+        """Kills the server (SIGKILL, its process group); :meth:`start` brings it back."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+
+    def kill(self) -> None:
+        self.stop()
         self.log.close()
 
 

@@ -8,8 +8,10 @@ import io
 import logging
 import os
 import pickle
+import re
 import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -132,6 +134,120 @@ def test_a_retried_create_finds_the_run_whose_reply_was_lost(tmp_path):
     assert stored == [child.info.run_id] == [writer.run_id_of("t1")]
     assert child.data.params == {"lr": "0.1"} and child.data.metrics == {"training_iteration": 1.0}
     assert not calls.not_logged
+
+
+class Outage:
+    """Makes an MLflow client's calls fail as a stopped server's do (connection refused) while
+    ``down``; ``lose_reply`` makes the next ``log_batch`` reach the store and then fail, as a
+    server that dies before it answers."""
+
+    METHODS = ("create_run", "log_batch", "get_metric_history", "get_run", "update_run", "set_terminated",
+               "search_runs", "log_text")
+
+    def __init__(self, client):
+        self.down, self.lose_reply, self.refused = False, False, 0
+        for name in self.METHODS:
+            setattr(client, name, self._wrap(name, getattr(client, name)))
+
+    def _wrap(self, name, call):
+        def wrapped(*args, **kwargs):
+            if self.lose_reply and name == "log_batch" and kwargs.get("metrics"):
+                self.lose_reply, self.down = False, True
+                call(*args, **kwargs)
+            if self.down:
+                self.refused += 1
+                raise ConnectionError("[Errno 111] Connection refused")
+            return call(*args, **kwargs)
+        return wrapped
+
+
+def test_the_backlog_keeps_order_across_memory_and_file(tmp_path):
+    from haepo_ray.tracking.backlog import Backlog
+
+    path = tmp_path / "backlog.pkl"
+    backlog = Backlog(str(path), max_in_memory=3)
+    barrier = tracking.writer.Barrier()
+    for item in [1, 2, 3, 4, barrier, 5]:
+        backlog.append(item)
+    assert len(backlog) == 6 and backlog.in_file == 3 and path.exists()
+    assert backlog.popleft() == 1
+    backlog.put_back([0, 1])
+    backlog.append(6)  # the file still holds messages: behind them
+    out = [backlog.popleft() for _ in range(len(backlog))]
+    assert out[:5] == [0, 1, 2, 3, 4] and out[6:] == [5, 6]
+    assert out[5].done is barrier.done  # the event a flush waits on, not a copy
+    assert len(backlog) == 0 and not path.exists() and backlog.spilled_total == 4
+    with pytest.raises(IndexError):
+        backlog.popleft()
+    with pytest.raises(ValueError, match="max_in_memory must be >= 1"):
+        Backlog(None, 0)
+
+
+def test_an_outage_is_written_in_order_and_once_when_mlflow_is_back(tmp_path, caplog):
+    """MLflow goes away while a metrics batch is written (the store took it, the answer was
+    lost) and stays away past the retry budget while the trial goes on: the writer keeps what
+    it could not write (past 4 messages in its file), tries again and, once MLflow is back,
+    writes it all in order: every step once, the end status, nothing recorded as lost."""
+    from haepo_ray.tracking.retry import MLflowCalls
+    from haepo_ray.tracking.writer import EndRun, Metrics, MLflowWriter, StartRun, Tags
+
+    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=1, backoff_s=0))
+    client = calls.connect()
+    exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
+    outage = Outage(client)
+    spill = tmp_path / "backlog.pkl"
+    writer = MLflowWriter(calls, flush_interval_s=0, backlog_path=str(spill), max_in_memory=4)
+    writer.start(exp, parent, {})
+    writer.put(StartRun("t1", "trial_1", {"haepo.trial_id": "t1"}, {"lr": "0.1"}))
+    writer.put(Metrics("t1", 1, 1, {"loss": 1.0, "reward": 1.0}))
+    assert writer.flush(30)
+    outage.lose_reply = True
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
+        writer.put(Metrics("t1", 2, 2, {"loss": 2.0, "reward": 2.0}))
+        assert not writer.flush(30) and writer.holding
+        for step in range(3, 21):
+            writer.put(Metrics("t1", step, step, {"loss": float(step), "reward": float(step)}))
+        writer.put(Tags("t1", {"haepo.node_ip": "10.0.0.2"}))
+        writer.put(EndRun("t1", "FINISHED", None, None, 0))
+        deadline = time.monotonic() + 30
+        while writer.spilled == 0 or writer.backlog():
+            assert time.monotonic() < deadline, (writer.spilled, writer.backlog())
+            time.sleep(0.05)
+            if writer.spilled and writer.backlog() >= 20:
+                assert spill.exists()
+                outage.down = False
+        writer.stop()
+    run = client.get_run(writer.run_id_of("t1"))
+    for key in ("loss", "reward"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(1, 21)], key
+    assert run.info.status == "FINISHED" and run.data.tags["haepo.node_ip"] == "10.0.0.2"
+    assert outage.refused >= 2 and writer.spilled > 0 and not spill.exists()
+    assert not calls.not_logged
+    assert "does not answer" in caplog.text and "answers again" in caplog.text
+
+
+def test_what_waits_for_mlflow_past_the_end_is_recorded(tmp_path):
+    """MLflow stays away past the end's wait: what waited is recorded as not logged, by kind."""
+    from haepo_ray.tracking.retry import MLflowCalls
+    from haepo_ray.tracking.writer import EndRun, Metrics, MLflowWriter, StartRun
+
+    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}",
+                        tracking.RetryPolicy(retries=0, close_timeout_s=1.5))
+    client = calls.connect()
+    exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    outage = Outage(client)
+    outage.down = True
+    writer = MLflowWriter(calls, flush_interval_s=0)
+    writer.start(exp, None, {})
+    writer.put(StartRun("t1", "trial_1", {"haepo.trial_id": "t1"}, {}))
+    writer.put(Metrics("t1", 1, 1, {"loss": 1.0}))
+    writer.put(EndRun("t1", "FINISHED", None, None, 0))
+    writer.stop()
+    assert [(n.what, n.detail) for n in calls.not_logged] == [
+        ("child run", "child run of trial trial_1"), ("metrics", "step 1: 1 values"), ("status", "status FINISHED")]
+    assert all("sweep ended before MLflow answered" in n.error for n in calls.not_logged)
 
 
 def test_a_resumed_writer_completes_the_partly_written_step_and_logs_nothing_twice(tmp_path):
@@ -325,7 +441,8 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
                            out=io.StringIO(), extra_callbacks=[killer],
                            # A killed server refuses connections at once; the timeout only
                            # bounds a slow answer of the live server on a loaded machine.
-                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15})
+                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15,
+                                            "close_timeout_s": 5})
 
     assert mlflow_server.proc.poll() is not None, "the server was not killed"
     assert killer.killed_at is not None and killer.killed_at < ITERATIONS, killer.killed_at
@@ -334,7 +451,7 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
     # ... and says what was not logged: metrics (with their steps), statuses, checkpoints.
     whats = {n.what for n in result.not_logged}
     assert {"metrics", "status", "artifact"} <= whats, whats
-    assert any(n.what == "metrics" and "steps" in n.detail for n in result.not_logged)
+    assert any(n.what == "metrics" and re.match(r"steps? \d", n.detail) for n in result.not_logged)
     assert "not logged" in caplog.text and "metrics" in caplog.text
     assert "does not answer" in caplog.text
     (run_dir,) = list((tmp_path / "results" / "doomed").iterdir())
@@ -346,3 +463,64 @@ def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, 
         roles = [r for (r,) in conn.execute(
             f"select value from tags where key = 'haepo.role' and run_uuid in ({_RUNS_OF})", ("doomed",))]
     assert roles.count("sweep") == 1 and roles.count("trial") >= 1
+
+
+class ServerOutage(KillServerMidSweep):
+    """Kills the tracking server as :class:`KillServerMidSweep` does, then starts it again (its
+    port, its store) once ``results_during`` more trial results came in without it; the sweep
+    goes on meanwhile (the server's start-up, seconds, is part of the outage)."""
+
+    def __init__(self, server: MLflowServer, experiment: str, results_during: int):
+        super().__init__(server.proc.pid, server.db, experiment)
+        self.server, self.results_during = server, results_during
+        self.results_while_down = 0
+        self.restart: threading.Thread | None = None
+
+    def __getstate__(self):  # Tune saves its callbacks; the server and thread stay here
+        return {k: v for k, v in self.__dict__.items() if k not in ("server", "restart")}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.killed_at is None:
+            super().on_trial_result(iteration, trials, trial, result, **info)
+        elif self.restart is None:
+            self.results_while_down += 1
+            if self.results_while_down >= self.results_during:
+                self.restart = threading.Thread(target=self.server.start)
+                self.restart.start()
+
+
+def test_tracking_server_outage_loses_nothing(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
+    """The server is killed mid-sweep, for longer than the retry budget (1 retry after 0.1 s),
+    and started again: every trial's run holds every (metric, step) once, nothing is lost."""
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(SMOKE.read_text())
+    data.update(name="outage", search_space={"seed": {"grid": [0, 1]}, "lr": {"grid": [0.05]}})
+    data["stop"] = {"iterations": ITERATIONS}
+    outage = ServerOutage(mlflow_server, "outage", results_during=4)
+
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
+        result = run_sweep(parse_plan(data, "outage.yaml"), tracking_uri=mlflow_server.uri,
+                           storage_path=str(tmp_path / "results"), out=io.StringIO(),
+                           extra_callbacks=[outage],
+                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15})
+    outage.restart.join()
+
+    assert outage.killed_at is not None and outage.killed_at < ITERATIONS, outage.killed_at
+    assert outage.results_while_down == 4
+    assert "does not answer" in caplog.text and "answers again" in caplog.text
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", ITERATIONS)] * 2
+    assert result.not_logged == []
+    (run_dir,) = list((tmp_path / "results" / "outage").iterdir())
+    assert not (run_dir / "mlflow_not_logged.jsonl").exists()
+    assert not (run_dir / "mlflow_backlog.pkl").exists()
+    # One parent, one child per trial, each with every step of its metrics, params, tags,
+    # checkpoint and status; and no (run, metric, step) row twice, whichever metric.
+    check_sweep_in_mlflow(mlflow_server.uri, "outage", result, iterations=ITERATIONS)
+    with sqlite3.connect(mlflow_server.db) as conn:
+        twice = conn.execute(
+            f"select run_uuid, key, step, count(*) from metrics where run_uuid in ({_RUNS_OF}) "
+            "group by run_uuid, key, step having count(*) > 1", ("outage",)).fetchall()
+        children = conn.execute(
+            f"select count(*) from tags where key = 'mlflow.parentRunId' and run_uuid in ({_RUNS_OF})",
+            ("outage",)).fetchone()[0]
+    assert twice == [] and children == 2

@@ -61,7 +61,8 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
                   sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
                   **retry):
     """The sweep's MLflow callback: one parent run, one child per trial; ``retry``:
-    ``retries``, ``backoff_s``, ``timeout_s`` (:class:`haepo_ray.tracking.RetryPolicy`)."""
+    ``retries``, ``backoff_s``, ``timeout_s``, ``close_timeout_s``
+    (:class:`haepo_ray.tracking.RetryPolicy`)."""
     from haepo_ray import names, tracking
     from haepo_ray.provenance import provenance
 
@@ -171,7 +172,7 @@ def run_sweep(
 
     ``out``: where its lines go (``sys.stdout`` at the time of the call, by default);
     ``callback_kwargs`` set the MLflow callback's :class:`haepo_ray.tracking.RetryPolicy`
-    (``retries``, ``backoff_s``, ``timeout_s``); ``extra_callbacks`` are more Tune callbacks."""
+    (``retries``, ``backoff_s``, ``timeout_s``, ``close_timeout_s``); ``extra_callbacks`` are more Tune callbacks."""
     import ray
     from ray import tune
 

@@ -22,8 +22,10 @@ Runs are found again, never duplicated: a resumed sweep finds its parent by the 
 the old driver had not written is recovered from each trial's ``result.json``.
 
 Logging never raises into Tune and never blocks it (:mod:`haepo_ray.tracking.writer`, with
-the retries of :mod:`haepo_ray.tracking.retry`); what fails after retries is in
-:attr:`MLflowSweepCallback.not_logged` and ``mlflow_not_logged.jsonl`` in the sweep folder.
+the retries of :mod:`haepo_ray.tracking.retry`). While MLflow cannot be reached, what waits
+for it is kept, past a bound in ``mlflow_backlog.pkl`` in the sweep folder, and written when
+it is back; what fails for good is in :attr:`MLflowSweepCallback.not_logged` and
+``mlflow_not_logged.jsonl`` in the sweep folder.
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ from haepo_ray.tracking.schema import (
 from haepo_ray.tracking.retry import MLflowCalls, NotLogged, RetryPolicy
 from haepo_ray.tracking.trial_files import checkpoint_of, results_on_disk
 from haepo_ray.tracking.writer import EndParent, EndRun, Metrics, MLflowWriter, StartRun, Summary, Tags
+from haepo_ray.uris import is_uri
 
 logger = logging.getLogger(__name__)
 
 NOT_LOGGED_FILE = "mlflow_not_logged.jsonl"
+BACKLOG_FILE = "mlflow_backlog.pkl"  # what waits for MLflow past the writer's memory bound
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class SweepTracking:
         experiment_name: the MLflow experiment (created when missing).
         sweep_name: the parent run's name.
         sweep_dir: the sweep's Ray results folder; identifies the sweep on resume and receives
-            ``mlflow_not_logged.jsonl``.
+            ``mlflow_not_logged.jsonl`` (and, during an outage, ``mlflow_backlog.pkl``).
         resume: look for the parent and children of an earlier run of this sweep first.
         artifact_location: of the experiment when it is created (None: the store's choice).
         parent_params, parent_tags: logged on the parent.
@@ -138,7 +142,9 @@ class MLflowSweepCallback(Callback):
         self.retry = retry if retry is not None else RetryPolicy.from_env()
         not_logged_path = os.path.join(settings.sweep_dir, NOT_LOGGED_FILE) if settings.sweep_dir else None
         self._calls = MLflowCalls(settings.tracking_uri, self.retry, not_logged_path=not_logged_path)
-        self._writer = MLflowWriter(self._calls)
+        self._writer = MLflowWriter(self._calls, backlog_path=(
+            os.path.join(settings.sweep_dir, BACKLOG_FILE) if settings.sweep_dir and not is_uri(settings.sweep_dir)
+            else None))
         self.experiment_id: str | None = None
         self.parent_run_id: str | None = None
         self._earlier_runs: dict[str, str] = {}  # trial_id -> child run of an earlier session
@@ -161,6 +167,11 @@ class MLflowSweepCallback(Callback):
     def not_logged(self) -> list[NotLogged]:
         """What could not be written to MLflow, so far."""
         return self._calls.not_logged
+
+    def backlog(self) -> int:
+        """Messages queued for MLflow and not written yet (those waiting while it cannot be
+        reached among them)."""
+        return self._writer.backlog()
 
     def run_id_of(self, trial_id: str) -> str | None:
         """The child run of a trial: created or found in this session, or (on resume) by an

@@ -5,6 +5,11 @@ cannot fix (bad input) is not retried. After two calls in a row failed for good,
 as down: each call is then tried once until one succeeds, so that a dead server does not hold
 the sweep's end for minutes. What fails is recorded (:class:`NotLogged`; appended as JSON
 lines to ``not_logged_path``) and a warning says what was not logged.
+
+A call made with ``hold=True`` (the writer's) that fails because MLflow cannot be reached
+(:func:`unreachable`: no connection, a timeout, a gateway's 502/503/504, a database that does
+not answer) raises :class:`Unavailable` instead of being recorded: the writer keeps what it
+could not write and writes it when MLflow is back.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -30,7 +36,7 @@ logger = logging.getLogger(__name__)
 class RetryPolicy:
     """How hard each MLflow call is tried: ``retries`` after the first attempt, the first
     backoff (doubling each retry), the HTTP timeout of one attempt, and how long the end of
-    the sweep waits for pending logging."""
+    the sweep waits for pending logging (MLflow away: for it to answer again)."""
 
     retries: int = 3
     backoff_s: float = 1.0
@@ -42,22 +48,25 @@ class RetryPolicy:
             ("retries (HAEPO_MLFLOW_RETRIES)", self.retries, self.retries >= 0, ">= 0"),
             ("backoff_s (HAEPO_MLFLOW_BACKOFF_S)", self.backoff_s, self.backoff_s >= 0, ">= 0"),
             ("timeout_s (HAEPO_MLFLOW_TIMEOUT_S)", self.timeout_s, self.timeout_s > 0, "> 0"),
-            ("close_timeout_s", self.close_timeout_s, self.close_timeout_s >= 0, ">= 0"),
+            ("close_timeout_s (HAEPO_MLFLOW_CLOSE_TIMEOUT_S)", self.close_timeout_s, self.close_timeout_s >= 0,
+             ">= 0"),
         ) if not ok]
         if problems:
             raise ValueError("MLflow retry policy: " + "; ".join(problems))
 
     @classmethod
     def from_env(cls, retries: int | None = None, backoff_s: float | None = None,
-                 timeout_s: float | None = None) -> RetryPolicy:
+                 timeout_s: float | None = None, close_timeout_s: float | None = None) -> RetryPolicy:
         """The given values; for those left out ``HAEPO_MLFLOW_RETRIES`` (3),
-        ``HAEPO_MLFLOW_BACKOFF_S`` (1.0), ``HAEPO_MLFLOW_TIMEOUT_S`` (30)."""
+        ``HAEPO_MLFLOW_BACKOFF_S`` (1.0), ``HAEPO_MLFLOW_TIMEOUT_S`` (30),
+        ``HAEPO_MLFLOW_CLOSE_TIMEOUT_S`` (120)."""
         def pick(value, env: str, default: float) -> float:
             return value if value is not None else _env_number(env, default)
 
         return cls(retries=int(pick(retries, "HAEPO_MLFLOW_RETRIES", 3)),
                    backoff_s=float(pick(backoff_s, "HAEPO_MLFLOW_BACKOFF_S", 1.0)),
-                   timeout_s=float(pick(timeout_s, "HAEPO_MLFLOW_TIMEOUT_S", 30.0)))
+                   timeout_s=float(pick(timeout_s, "HAEPO_MLFLOW_TIMEOUT_S", 30.0)),
+                   close_timeout_s=float(pick(close_timeout_s, "HAEPO_MLFLOW_CLOSE_TIMEOUT_S", 120.0)))
 
 
 def _env_number(name: str, default: float) -> float:
@@ -99,6 +108,38 @@ def _permanent(err: BaseException) -> bool:
     if isinstance(err, MlflowException):
         return getattr(err, "error_code", "") in ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS",
                                                   "BAD_REQUEST", "INVALID_STATE", "PERMISSION_DENIED")
+    return False
+
+
+class Unavailable(Exception):
+    """MLflow could not be reached for a call made with ``hold=True``; nothing was recorded."""
+
+
+_GATEWAY_STATUS = re.compile(r"error code (429|502|503|504)\b")
+
+
+def unreachable(err: BaseException) -> bool:
+    """The error says MLflow (its server or database) cannot be reached now, as opposed to
+    an answer refusing the call: a connection error or timeout anywhere in the error's chain,
+    a 429/502/503/504 answer, MLflow's ``TEMPORARILY_UNAVAILABLE``, a database's operational
+    error (connection refused, database locked)."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                              ConnectionError, TimeoutError)):
+            return True
+        if type(cause).__name__ == "OperationalError":  # sqlalchemy's and the DB drivers'
+            return True
+        if isinstance(cause, MlflowException) and (
+                getattr(cause, "error_code", "") == "TEMPORARILY_UNAVAILABLE"
+                or _GATEWAY_STATUS.search(str(cause))):
+            return True
+        cause = cause.__cause__ or cause.__context__
     return False
 
 
@@ -144,11 +185,21 @@ class MLflowCalls:
         and waited long enough)."""
         self._abandoned = True
 
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned
+
+    @property
+    def down(self) -> bool:
+        """MLflow did not answer the last calls: each call is tried once."""
+        return self._down
+
     def call(self, what: str, trial_id: str | None, detail: str, fn: Callable[[], Any], *,
-             retry_fn: Callable[[], Any] | None = None) -> tuple[bool, Any]:
+             retry_fn: Callable[[], Any] | None = None, hold: bool = False) -> tuple[bool, Any]:
         """``(True, fn())``, retrying (with ``retry_fn`` when given: a retry after an unanswered
         create must look before it creates); ``(False, None)`` when it fails for good, then
-        the failure is recorded."""
+        the failure is recorded. With ``hold``, a failure because MLflow cannot be reached
+        raises :class:`Unavailable` instead (MLflow then counts as down)."""
         if self._abandoned:
             self.record(what, trial_id, detail, "not attempted: sweep ended before MLflow answered")
             return False, None
@@ -164,12 +215,19 @@ class MLflowCalls:
                 if attempt + 1 < attempts and not self._abandoned:
                     time.sleep(self.policy.backoff_s * (2 ** attempt))
                 continue
-            if self._down:
+            if self._down and not hold:  # (the writer says it, with what waited)
                 logger.warning("MLflow at %s answers again", self.tracking_uri)
             self._down = False
             self._consecutive_failures = 0
             return True, value
         assert error is not None
+        if hold and unreachable(error) and not self._abandoned:
+            if not self._down:
+                logger.warning("MLflow at %s does not answer (%s); the sweep goes on, what is not "
+                               "written waits and is written when MLflow answers again",
+                               self.tracking_uri, short_error(error))
+            self._down = True
+            raise Unavailable(short_error(error))
         if not _permanent(error):
             self._consecutive_failures += 1
             if self._consecutive_failures >= 2 and not self._down:
@@ -188,15 +246,16 @@ class MLflowCalls:
             logger.warning("MLflow: not logged: %s%s: %s (%s)", what,
                            f" [trial {trial_id}]" if trial_id else "", detail, error)
 
-    def log_params(self, run_id: str, trial_id: str | None, params: Mapping[str, str]) -> None:
-        """Logs ``params`` in batches of MLflow's size."""
+    def log_params(self, run_id: str, trial_id: str | None, params: Mapping[str, str], *,
+                   hold: bool = False) -> None:
+        """Logs ``params`` in batches of MLflow's size (``hold``: as :meth:`call`)."""
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in sorted(params.items())]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             chunk = items[i:i + MAX_PARAMS_PER_BATCH]
             self.call("params", trial_id, f"{len(chunk)} params ({chunk[0].key} ...)",
-                      lambda c=chunk: self.client.log_batch(run_id, params=c))
+                      lambda c=chunk: self.client.log_batch(run_id, params=c), hold=hold)
 
     def not_logged_summary(self) -> str:
         """What was not logged, counted by kind, with the first 20 items ("" when nothing)."""

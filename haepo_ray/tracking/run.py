@@ -77,7 +77,7 @@ class MLflowRun:
         if self.run_id is None:
             logger.warning("MLflow at %s cannot be reached: this run trains without tracking "
                            "(nothing will be logged to MLflow)", self.tracking_uri)
-            self._writer.stop()
+            self._writer.stop(timeout=0)
             calls.write_not_logged()
         return self.run_id
 

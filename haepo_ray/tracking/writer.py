@@ -4,8 +4,18 @@ logging never blocks Tune or training, nor raises into it.
 The driver queues typed messages (:class:`StartRun`, :class:`Metrics`, :class:`Tags`,
 :class:`EndRun`, :class:`Summary`, :class:`EndParent`; :class:`Barrier` and :class:`Stop` to
 wait for and end the thread); a message's ``what`` names it in the not-logged record. The
-thread gathers metrics for ``flush_interval_s`` and writes them in batches, through retried
-calls (:mod:`haepo_ray.tracking.retry`).
+thread moves them into its backlog (:mod:`haepo_ray.tracking.backlog`: in order, in memory up
+to a bound, then in a file), gathers metrics for ``flush_interval_s`` and writes them in
+batches, through retried calls (:mod:`haepo_ray.tracking.retry`).
+
+*A tracking-server outage loses nothing.* A write that fails because MLflow cannot be reached
+is not recorded as lost: it goes back to the head of the backlog with everything after it,
+and the thread tries the head again, after 1, 2, 4, 8, then every 10 s, until MLflow
+answers; then it writes the backlog in order. What the driver queues meanwhile waits in the
+backlog, in bounded memory. A write that may have reached MLflow before its answer was lost lands once when tried
+again: a create looks for the run first; a metrics batch is sent again with the same rows,
+which MLflow's SQL stores keep once (one row per run, key, timestamp, step and value). Only when the sweep has ended and MLflow stays away past the
+policy's ``close_timeout_s`` is what waits recorded as not logged.
 
 A trial restored from a checkpoint (retry, resume) reports again steps it already reported,
 and a resumed sweep re-reads the results its killed driver had not written: what the run
@@ -27,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from haepo_ray import names
+from haepo_ray.tracking.backlog import DEFAULT_MAX_IN_MEMORY, Backlog
 from haepo_ray.tracking.logged import LoggedSteps, highest_steps
 from haepo_ray.tracking.queries import find_trial_run
-from haepo_ray.tracking.retry import MLflowCalls, short_error
+from haepo_ray.tracking.retry import MLflowCalls, Unavailable, short_error
 from haepo_ray.tracking.schema import MAX_METRICS_PER_BATCH, MAX_TAG_VALUE, sanitize_key, tag_values
 
 logger = logging.getLogger(__name__)
@@ -87,6 +98,7 @@ class Summary:
 
     what: ClassVar[str] = "tags"
     summary: Mapping[str, Any]
+    timestamp_ms: int = field(default_factory=lambda: int(time.time() * 1000))  # of best/<metric>
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,22 @@ class Stop:
 Message = StartRun | Metrics | Tags | EndRun | Summary | EndParent | Barrier | Stop
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """Metric rows of one trial, admitted (:class:`~haepo_ray.tracking.logged.LoggedSteps`)
+    but not written when MLflow went away."""
+
+    what: ClassVar[str] = "metrics"
+    trial_id: str
+    rows: tuple  # of mlflow.entities.Metric
+
+
+Message = StartRun | Metrics | Tags | EndRun | Summary | EndParent | Barrier | Stop
+_Item = Message | Admitted
+
+MAX_PROBE_INTERVAL_S = 10.0
+
+
 # --------------------------------------------------------------------------- the writer
 
 
@@ -123,19 +151,31 @@ class MLflowWriter:
     Args:
         calls: the sweep's MLflow client (connected), with retries and the not-logged record.
         flush_interval_s: how long the thread gathers metrics before writing them.
+        backlog_path: where the backlog spills past ``max_in_memory`` messages (None: an
+            anonymous temporary file).
+        max_in_memory: messages the backlog holds in memory.
+        max_batch: messages the thread takes from the backlog at a time.
     """
 
-    def __init__(self, calls: MLflowCalls, *, flush_interval_s: float = 0.5):
+    def __init__(self, calls: MLflowCalls, *, flush_interval_s: float = 0.5,
+                 backlog_path: str | None = None, max_in_memory: int = DEFAULT_MAX_IN_MEMORY,
+                 max_batch: int = 2000):
         self.calls = calls
         self.flush_interval_s = flush_interval_s
+        self.max_batch = max_batch
         self.experiment_id: str | None = None
         self.parent_run_id: str | None = None
         self.run_ids: dict[str, str] = {}  # trial_id -> child run id, created or reopened here
         self.earlier_runs: dict[str, str] = {}  # trial_id -> child run id of an earlier session
         self.replayed_steps: Counter[str] = Counter()
+        self.peak_backlog = 0  # most messages waiting at once (queue and backlog)
         self._logged = LoggedSteps()
         self._lock = threading.Lock()
         self._queue: queue.Queue[Message] = queue.Queue()
+        self._backlog = Backlog(backlog_path, max_in_memory)
+        self._holding = False  # MLflow cannot be reached: the backlog waits
+        self._tried: set[str] = set()  # trials whose create was tried: a repeat looks first
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, experiment_id: str, parent_run_id: str | None,
@@ -156,26 +196,46 @@ class MLflowWriter:
     def client(self):
         return self.calls.client
 
+    @property
+    def holding(self) -> bool:
+        """MLflow cannot be reached: what is queued waits for it."""
+        return self._holding
+
+    def backlog(self) -> int:
+        """Messages queued and not written yet."""
+        return self._queue.qsize() + len(self._backlog)
+
+    @property
+    def spilled(self) -> int:
+        """Messages that waited in the backlog's file, so far."""
+        return self._backlog.spilled_total
+
     def put(self, message: Message) -> None:
         self._queue.put(message)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits until everything queued so far is written (or given up). True when done."""
+        """Waits until everything queued so far is written (or given up). True when done;
+        False after ``timeout`` or, at once, while MLflow cannot be reached."""
         if not self._thread or not self._thread.is_alive():
             return True
         barrier = Barrier()
         self._queue.put(barrier)
-        return barrier.done.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not barrier.done.wait(0.05):
+            if self._holding or (deadline is not None and time.monotonic() > deadline):
+                return False
+        return True
 
-    def stop(self) -> None:
-        """Writes what is pending, waiting at most the policy's ``close_timeout_s``; what is
-        left then is recorded as not logged, without trying it."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Writes what is pending, waiting at most ``timeout`` (default: the policy's
+        ``close_timeout_s``); what is left then is recorded as not logged, without trying it."""
         if self._thread is None:
             return
         self._queue.put(Stop())
-        self._thread.join(self.calls.policy.close_timeout_s)
+        self._thread.join(self.calls.policy.close_timeout_s if timeout is None else timeout)
         if self._thread.is_alive():
             self.calls.abandon()
+            self._wake.set()
             self._thread.join(10.0)
 
     def run_id_of(self, trial_id: str) -> str | None:
@@ -186,57 +246,117 @@ class MLflowWriter:
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            items = [first]
-            if isinstance(first, Metrics) and self.flush_interval_s > 0:
-                time.sleep(self.flush_interval_s)
+        probe_s = 0.0
+        try:
             while True:
+                self._take(block=not self._backlog and not self._holding)
+                if self._holding:
+                    probe_s = min(MAX_PROBE_INTERVAL_S, max(1.0, 2 * probe_s))
+                    self._wait(probe_s)
+                elif isinstance(self._backlog.peek(), (Metrics, Admitted)) and self.flush_interval_s > 0:
+                    self._wait(self.flush_interval_s)
+                if self.calls.abandoned:
+                    self._give_up()
+                    return
+                waiting = len(self._backlog)
+                items = [self._backlog.popleft() for _ in range(min(self.max_batch, waiting))]
                 try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                self._process(items)
-            except Exception as err:  # never let the thread die silently
-                logger.warning("MLflow logging thread: unexpected error %s", short_error(err))
-            if any(isinstance(m, Stop) for m in items):
-                return
+                    rest = self._process(items)
+                except Exception as err:  # never let the thread die silently
+                    logger.warning("MLflow logging thread: unexpected error %s", short_error(err))
+                    rest = []
+                if rest:
+                    self._backlog.put_back(rest)
+                    self._holding = True
+                    continue
+                if self._holding:
+                    logger.warning("MLflow at %s answers again: writing the %d messages that waited",
+                                   self.calls.tracking_uri, waiting)
+                self._holding, probe_s = False, 0.0
+                if any(isinstance(m, Stop) for m in items):
+                    return
+        finally:
+            self._backlog.close()
 
-    def _process(self, items: list[Message]) -> None:
-        pending: dict[str, list[Metrics]] = defaultdict(list)
-        for msg in items:
+    def _take(self, block: bool, timeout: float | None = None) -> None:
+        """Moves what is queued into the backlog (waiting for a first message if ``block``)."""
+        try:
+            if block:
+                self._backlog.append(self._queue.get(timeout=timeout))
+            while True:
+                self._backlog.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        self.peak_backlog = max(self.peak_backlog, len(self._backlog))
+
+    def _wait(self, seconds: float) -> None:
+        """Waits ``seconds`` (less when the writer is abandoned), taking what is queued."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self.calls.abandoned:
+            self._wake.wait(min(left, 0.25))
+            self._take(block=False)
+
+    def _give_up(self) -> None:
+        """Records everything that waits as not logged (the sweep ended, MLflow stayed away)."""
+        self._take(block=False)
+        while self._backlog:
+            item = self._backlog.popleft()
+            if isinstance(item, Barrier):
+                item.done.set()
+            elif not isinstance(item, Stop):
+                for what, detail in _unwritten(item):
+                    self.calls.record(what, getattr(item, "trial_id", None), detail,
+                                      "not written: the sweep ended before MLflow answered again")
+
+    def _call(self, what: str, trial_id: str | None, detail: str, fn, *, retry_fn=None) -> tuple[bool, Any]:
+        """A retried call whose failure for want of MLflow raises :class:`Unavailable`."""
+        return self.calls.call(what, trial_id, detail, fn, retry_fn=retry_fn, hold=True)
+
+    def _process(self, items: list[_Item]) -> list[_Item]:
+        """Writes ``items`` in order; returns those not written because MLflow cannot be
+        reached (the one that failed first), to be tried again."""
+        pending: dict[str, list] = defaultdict(list)  # trial_id -> admitted rows (Metric)
+        for i, msg in enumerate(items):
             try:
-                match msg:
-                    case Metrics():
-                        self._add_metrics(pending, msg)
-                    case StartRun():
-                        self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
-                        self._start_run(msg)
-                    case Tags():
-                        self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
-                        self._log_tags(msg.trial_id, msg.tags)
-                    case EndRun():
-                        self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
-                        self._end_run(msg)
-                    case Summary():
-                        self._flush_metrics(pending)
-                        self._log_summary(msg.summary)
-                    case EndParent():
-                        self._flush_metrics(pending)
-                        self._end_parent(msg.status)
-                    case Barrier() | Stop():
-                        self._flush_metrics(pending)
+                self._handle(msg, pending)
+            except Unavailable as err:
+                return _held(msg, err, pending, items[i + 1:])
             except Exception as err:  # a bug here must not stop the logging of the rest
                 self.calls.record(msg.what, getattr(msg, "trial_id", None),
                                   "internal error of the MLflow callback", short_error(err))
-            finally:
-                if isinstance(msg, Barrier):
-                    msg.done.set()
+            if isinstance(msg, Barrier):
+                msg.done.set()
         try:
             self._flush_metrics(pending)
+        except Unavailable as err:
+            return _held(None, err, pending, [])
         except Exception as err:
             self.calls.record("metrics", None, "internal error of the MLflow callback", short_error(err))
+        return []
+
+    def _handle(self, msg: _Item, pending: dict[str, list]) -> None:
+        match msg:
+            case Metrics():
+                self._add_metrics(pending, msg)
+            case Admitted():
+                pending[msg.trial_id].extend(msg.rows)
+            case StartRun():
+                self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
+                self._start_run(msg)
+            case Tags():
+                self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
+                self._log_tags(msg.trial_id, msg.tags)
+            case EndRun():
+                self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
+                self._end_run(msg)
+            case Summary():
+                self._flush_metrics(pending)
+                self._log_summary(msg.summary, msg.timestamp_ms)
+            case EndParent():
+                self._flush_metrics(pending)
+                self._end_parent(msg.status)
+            case Barrier() | Stop():
+                self._flush_metrics(pending)
 
     def _start_run(self, msg: StartRun) -> None:
         trial_id = msg.trial_id
@@ -252,12 +372,14 @@ class MLflowWriter:
             return find_trial_run(self.client, self.experiment_id, self.parent_run_id, trial_id) or create()
 
         if run_id is None:
-            ok, run_id = self.calls.call("child run", trial_id, f"child run of trial {msg.name}", create,
-                                         retry_fn=find_or_create)
+            tried = trial_id in self._tried
+            self._tried.add(trial_id)
+            ok, run_id = self._call("child run", trial_id, f"child run of trial {msg.name}",
+                                    find_or_create if tried else create, retry_fn=find_or_create)
             if not ok:
                 return
         else:
-            self.calls.call("status", trial_id, f"status RUNNING of trial {msg.name}",
+            self._call("status", trial_id, f"status RUNNING of trial {msg.name}",
                             lambda: self.client.update_run(run_id, status="RUNNING"))
         with self._lock:
             self.run_ids[trial_id] = run_id
@@ -265,43 +387,46 @@ class MLflowWriter:
         if earlier:
             # A resumed run: keep what it holds. (A restored trial's config went through JSON,
             # so some values print differently; MLflow refuses to change a param.)
-            ok, run = self.calls.call("params", trial_id, "params already logged (resume)",
-                                      lambda: self.client.get_run(run_id))
+            ok, run = self._call("params", trial_id, "params already logged (resume)",
+                                 lambda: self.client.get_run(run_id))
             if ok:
                 logged = run.data.params
                 self.replayed_steps[trial_id] = int(run.data.tags.get(names.REPLAYED_STEPS, 0))
             if ok and trial_id not in self._logged:
-                ok, steps = self.calls.call("metrics", trial_id, "steps already logged (resume)",
-                                            lambda: highest_steps(self.client, run_id, run.data.metrics))
+                ok, steps = self._call("metrics", trial_id, "steps already logged (resume)",
+                                       lambda: highest_steps(self.client, run_id, run.data.metrics))
                 if ok:
                     self._logged.learn(trial_id, steps)
-        self.calls.log_params(run_id, trial_id, {k: v for k, v in msg.params.items() if k not in logged})
+        self.calls.log_params(run_id, trial_id, {k: v for k, v in msg.params.items() if k not in logged},
+                              hold=True)
 
-    def _add_metrics(self, pending: dict[str, list[Metrics]], msg: Metrics) -> None:
+    def _add_metrics(self, pending: dict[str, list], msg: Metrics) -> None:
         if msg.trial_id not in self.run_ids:
             self.calls.record("metrics", msg.trial_id,
                               f"step {msg.step}: {len(msg.values)} values (no child run)",
                               "the child run could not be created")
             return
-        values, replayed = self._logged.admit(msg.trial_id, msg.step, msg.values)
-        self.replayed_steps[msg.trial_id] += replayed
-        if values:
-            pending[msg.trial_id].append(Metrics(msg.trial_id, msg.step, msg.timestamp_ms, values))
-
-    def _flush_metrics(self, pending: dict[str, list[Metrics]]) -> None:
         from mlflow.entities import Metric
 
+        values, replayed = self._logged.admit(msg.trial_id, msg.step, msg.values)
+        self.replayed_steps[msg.trial_id] += replayed
+        pending[msg.trial_id] += [Metric(k, v, msg.timestamp_ms, msg.step) for k, v in values.items()]
+
+    def _flush_metrics(self, pending: dict[str, list]) -> None:
+        """Writes the admitted rows of each trial; :class:`_RowsUnavailable` from the batch
+        MLflow went away on."""
         for trial_id in list(pending):
             rows = pending.pop(trial_id)
             if not rows:
                 continue
             run_id = self.run_ids[trial_id]
-            metrics = [Metric(k, v, m.timestamp_ms, m.step) for m in rows for k, v in m.values.items()]
-            for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-                chunk = metrics[i:i + MAX_METRICS_PER_BATCH]
-                steps = sorted({m.step for m in chunk})
-                self.calls.call("metrics", trial_id, f"steps {steps[0]}-{steps[-1]}: {len(chunk)} values",
-                                lambda c=chunk: self.client.log_batch(run_id, metrics=c))
+            for i in range(0, len(rows), MAX_METRICS_PER_BATCH):
+                chunk = rows[i:i + MAX_METRICS_PER_BATCH]
+                try:
+                    self._call("metrics", trial_id, f"{_steps(m.step for m in chunk)}: {len(chunk)} values",
+                               lambda c=chunk: self.client.log_batch(run_id, metrics=c))
+                except Unavailable as err:
+                    raise _RowsUnavailable(err, trial_id, rows[i:]) from err
             if self.replayed_steps.get(trial_id):
                 self._log_tags(trial_id, {names.REPLAYED_STEPS: str(self.replayed_steps[trial_id])})
 
@@ -314,8 +439,7 @@ class MLflowWriter:
         from mlflow.entities import RunTag
 
         batch = [RunTag(k, v) for k, v in tag_values(tags).items()]
-        self.calls.call("tags", trial_id, f"tags {sorted(tags)}",
-                        lambda: self.client.log_batch(run_id, tags=batch))
+        self._call("tags", trial_id, f"tags {sorted(tags)}", lambda: self.client.log_batch(run_id, tags=batch))
 
     def _end_run(self, msg: EndRun) -> None:
         run_id = self.run_ids.get(msg.trial_id)
@@ -329,8 +453,8 @@ class MLflowWriter:
         self._log_tags(msg.trial_id, tags)
         if msg.checkpoint is not None:
             self._log_checkpoint(msg.trial_id, run_id, msg.checkpoint, msg.root_files)
-        self.calls.call("status", msg.trial_id, f"status {msg.status}",
-                        lambda: self.client.set_terminated(run_id, status=msg.status))
+        self._call("status", msg.trial_id, f"status {msg.status}",
+                   lambda: self.client.set_terminated(run_id, status=msg.status))
 
     def _log_checkpoint(self, trial_id: str, run_id: str, checkpoint, root_files: tuple[str, ...]) -> None:
         path = getattr(checkpoint, "path", None)
@@ -352,13 +476,13 @@ class MLflowWriter:
                     log(local)
             self.client.set_tag(run_id, names.CHECKPOINT, str(path))
 
-        self.calls.call("artifact", trial_id, f"final checkpoint {path}", upload)
+        self._call("artifact", trial_id, f"final checkpoint {path}", upload)
 
     def _end_parent(self, status: str) -> None:
-        self.calls.call("status", None, f"parent status {status}",
-                        lambda: self.client.set_terminated(self.parent_run_id, status=status))
+        self._call("status", None, f"parent status {status}",
+                   lambda: self.client.set_terminated(self.parent_run_id, status=status))
 
-    def _log_summary(self, summary: Mapping[str, Any]) -> None:
+    def _log_summary(self, summary: Mapping[str, Any], timestamp_ms: int) -> None:
         from mlflow.entities import Metric, RunTag
 
         best, metric = summary.get("best"), summary.get("metric")
@@ -370,11 +494,59 @@ class MLflowWriter:
             if run_id:
                 tags.append(RunTag(names.BEST_RUN_ID, run_id))
             if best.get("value") is not None and metric:
-                metrics.append(Metric(sanitize_key(f"best/{metric}"), float(best["value"]),
-                                      int(time.time() * 1000), 0))
+                metrics.append(Metric(sanitize_key(f"best/{metric}"), float(best["value"]), timestamp_ms, 0))
         text = json.dumps(dict(summary, run_ids={**self.earlier_runs, **self.run_ids},
                                parent_run_id=self.parent_run_id), indent=2, default=str)
-        self.calls.call("tags", None, "best trial of the sweep",
-                        lambda: self.client.log_batch(self.parent_run_id, metrics=metrics, tags=tags))
-        self.calls.call("artifact", None, "summary.json",
-                        lambda: self.client.log_text(self.parent_run_id, text, "summary.json"))
+        self._call("tags", None, "best trial of the sweep",
+                   lambda: self.client.log_batch(self.parent_run_id, metrics=metrics, tags=tags))
+        self._call("artifact", None, "summary.json",
+                   lambda: self.client.log_text(self.parent_run_id, text, "summary.json"))
+
+
+class _RowsUnavailable(Unavailable):
+    """MLflow went away while a trial's metric rows were written: ``rows`` from the batch that
+    failed on (which may have been written)."""
+
+    def __init__(self, error: Unavailable, trial_id: str, rows: list):
+        super().__init__(str(error))
+        self.trial_id, self.rows = trial_id, rows
+
+
+def _held(msg: _Item | None, error: Unavailable, pending: Mapping[str, list], rest: list[_Item]) -> list[_Item]:
+    """What goes back to the backlog when MLflow went away while ``msg`` was written: the rows
+    of the batch that failed (or ``msg`` itself), the other admitted rows, ``msg``, ``rest``.
+    A trial's rows keep their order and come before its later messages; rows of different
+    trials need no order between them."""
+    head: list[_Item] = []
+    if isinstance(error, _RowsUnavailable):
+        head.append(Admitted(error.trial_id, tuple(error.rows)))
+        if isinstance(msg, Admitted):  # its rows are those
+            msg = None
+    head += [Admitted(t, tuple(rows)) for t, rows in pending.items() if rows]
+    return head + ([msg] if msg is not None else []) + rest
+
+
+def _steps(steps) -> str:
+    steps = sorted(set(steps))
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def _unwritten(item: _Item) -> list[tuple[str, str]]:
+    """(what, detail) of each write a backlog item holds, for the not-logged record."""
+    match item:
+        case Metrics():
+            return [("metrics", f"{_steps([item.step])}: {len(item.values)} values")]
+        case Admitted():
+            return [("metrics", f"{_steps(row.step for row in item.rows)}: {len(item.rows)} values")]
+        case StartRun():
+            return [("child run", f"child run of trial {item.name}")]
+        case Tags():
+            return [("tags", f"tags {sorted(item.tags)}")]
+        case EndRun():
+            checkpoint = getattr(item.checkpoint, "path", None)
+            return ([("artifact", f"final checkpoint {checkpoint}")] if checkpoint else []) + [
+                ("status", f"status {item.status}")]
+        case EndParent():
+            return [("status", f"parent status {item.status}")]
+        case _:
+            return [("tags", "best trial of the sweep"), ("artifact", "summary.json")]
