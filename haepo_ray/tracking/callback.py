@@ -345,8 +345,8 @@ class MLflowSweepCallback(Callback):
         return self._writer.flush(timeout)
 
     def close(self, status: str = "FINISHED", trials: Iterable[Any] | None = None) -> None:
-        """Writes what is pending (waiting at most ``retry.close_timeout_s``), the best trial,
-        the parent's status; warns about anything not logged. Idempotent."""
+        """Writes what is pending (giving up after ``retry.close_timeout_s`` without a write),
+        the best trial, the parent's status; warns about anything not logged. Idempotent."""
         if self._closed:
             return
         self._closed = True

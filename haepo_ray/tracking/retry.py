@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 class RetryPolicy:
     """How hard each MLflow call is tried: ``retries`` after the first attempt, the first
     backoff (doubling each retry), the HTTP timeout of one attempt, and how long the end of
-    the sweep waits for pending logging (MLflow away: for it to answer again)."""
+    the sweep waits without a write before it gives up on what is pending."""
 
     retries: int = 3
     backoff_s: float = 1.0

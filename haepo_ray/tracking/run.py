@@ -95,8 +95,8 @@ class MLflowRun:
 
     def end(self, status: str, checkpoint: Any = None, error: str | None = None) -> None:
         """Writes what is pending, the error, the checkpoint (a ``ray.train.Checkpoint``; None:
-        none) and the status (FINISHED, FAILED or KILLED), waiting at most the retry policy's
-        ``close_timeout_s``; warns about anything not logged."""
+        none) and the status (FINISHED, FAILED or KILLED), giving up after the retry policy's
+        ``close_timeout_s`` without a write; warns about anything not logged."""
         if self.run_id is None:
             return
         self._writer.put(EndRun(self._key, status, checkpoint, error, 0))

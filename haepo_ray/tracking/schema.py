@@ -64,7 +64,8 @@ LLM_METRICS = (
 
 # MLflow's limits: items per log_batch call, lengths of values and keys.
 MAX_PARAMS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
+MAX_TAGS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000  # (also the most items of all kinds in one call)
 MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 5000
 MAX_KEY = 250

@@ -15,7 +15,8 @@ answers; then it writes the backlog in order. What the driver queues meanwhile w
 backlog, in bounded memory. A write that may have reached MLflow before its answer was lost lands once when tried
 again: a create looks for the run first; a metrics batch is sent again with the same rows,
 which MLflow's SQL stores keep once (one row per run, key, timestamp, step and value). Only when the sweep has ended and MLflow stays away past the
-policy's ``close_timeout_s`` is what waits recorded as not logged.
+policy's ``close_timeout_s`` is what waits recorded as not logged (a writer that is behind,
+with MLflow answering, is waited for: the end gives up only after that long without a write).
 
 A trial restored from a checkpoint (retry, resume) reports again steps it already reported,
 and a resumed sweep re-reads the results its killed driver had not written: what the run
@@ -41,7 +42,13 @@ from haepo_ray.tracking.backlog import DEFAULT_MAX_IN_MEMORY, Backlog
 from haepo_ray.tracking.logged import LoggedSteps, highest_steps
 from haepo_ray.tracking.queries import find_trial_run
 from haepo_ray.tracking.retry import MLflowCalls, Unavailable, short_error
-from haepo_ray.tracking.schema import MAX_METRICS_PER_BATCH, MAX_TAG_VALUE, sanitize_key, tag_values
+from haepo_ray.tracking.schema import (
+    MAX_METRICS_PER_BATCH,
+    MAX_TAG_VALUE,
+    MAX_TAGS_PER_BATCH,
+    sanitize_key,
+    tag_values,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +134,12 @@ Message = StartRun | Metrics | Tags | EndRun | Summary | EndParent | Barrier | S
 
 @dataclass(frozen=True)
 class Admitted:
-    """Metric rows of one trial, admitted (:class:`~haepo_ray.tracking.logged.LoggedSteps`)
-    but not written when MLflow went away."""
+    """Metric rows (admitted: :class:`~haepo_ray.tracking.logged.LoggedSteps`) and tags of one
+    trial, not written when MLflow went away."""
 
     what: ClassVar[str] = "metrics"
     trial_id: str
-    rows: tuple  # of mlflow.entities.Metric
+    rows: tuple  # of mlflow.entities.Metric and RunTag
 
 
 Message = StartRun | Metrics | Tags | EndRun | Summary | EndParent | Barrier | Stop
@@ -176,6 +183,7 @@ class MLflowWriter:
         self._holding = False  # MLflow cannot be reached: the backlog waits
         self._tried: set[str] = set()  # trials whose create was tried: a repeat looks first
         self._wake = threading.Event()
+        self._written_at = time.monotonic()  # when a message was last written
         self._thread: threading.Thread | None = None
 
     def start(self, experiment_id: str, parent_run_id: str | None,
@@ -227,12 +235,16 @@ class MLflowWriter:
         return True
 
     def stop(self, timeout: float | None = None) -> None:
-        """Writes what is pending, waiting at most ``timeout`` (default: the policy's
-        ``close_timeout_s``); what is left then is recorded as not logged, without trying it."""
+        """Writes what is pending, for as long as MLflow takes writes: it gives up after
+        ``timeout`` seconds (default: the policy's ``close_timeout_s``) in which nothing was
+        written, and records what is left as not logged, without trying it."""
         if self._thread is None:
             return
         self._queue.put(Stop())
-        self._thread.join(self.calls.policy.close_timeout_s if timeout is None else timeout)
+        limit = self.calls.policy.close_timeout_s if timeout is None else timeout
+        self._written_at = time.monotonic()
+        while self._thread.is_alive() and time.monotonic() - self._written_at < limit:
+            self._thread.join(min(1.0, limit))
         if self._thread.is_alive():
             self.calls.abandon()
             self._wake.set()
@@ -326,8 +338,9 @@ class MLflowWriter:
                                   "internal error of the MLflow callback", short_error(err))
             if isinstance(msg, Barrier):
                 msg.done.set()
+            self._written_at = time.monotonic()
         try:
-            self._flush_metrics(pending)
+            self._flush(pending)
         except Unavailable as err:
             return _held(None, err, pending, [])
         except Exception as err:
@@ -341,22 +354,20 @@ class MLflowWriter:
             case Admitted():
                 pending[msg.trial_id].extend(msg.rows)
             case StartRun():
-                self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
+                self._flush({msg.trial_id: pending.pop(msg.trial_id, [])})
                 self._start_run(msg)
             case Tags():
-                self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
-                self._log_tags(msg.trial_id, msg.tags)
+                self._add_tags(pending, msg.trial_id, msg.tags)
             case EndRun():
-                self._flush_metrics({msg.trial_id: pending.pop(msg.trial_id, [])})
-                self._end_run(msg)
+                self._end_run(msg, pending)
             case Summary():
-                self._flush_metrics(pending)
+                self._flush(pending)
                 self._log_summary(msg.summary, msg.timestamp_ms)
             case EndParent():
-                self._flush_metrics(pending)
+                self._flush(pending)
                 self._end_parent(msg.status)
             case Barrier() | Stop():
-                self._flush_metrics(pending)
+                self._flush(pending)
 
     def _start_run(self, msg: StartRun) -> None:
         trial_id = msg.trial_id
@@ -412,36 +423,44 @@ class MLflowWriter:
         self.replayed_steps[msg.trial_id] += replayed
         pending[msg.trial_id] += [Metric(k, v, msg.timestamp_ms, msg.step) for k, v in values.items()]
 
-    def _flush_metrics(self, pending: dict[str, list]) -> None:
-        """Writes the admitted rows of each trial; :class:`_RowsUnavailable` from the batch
-        MLflow went away on."""
-        for trial_id in list(pending):
-            rows = pending.pop(trial_id)
-            if not rows:
-                continue
-            run_id = self.run_ids[trial_id]
-            for i in range(0, len(rows), MAX_METRICS_PER_BATCH):
-                chunk = rows[i:i + MAX_METRICS_PER_BATCH]
-                try:
-                    self._call("metrics", trial_id, f"{_steps(m.step for m in chunk)}: {len(chunk)} values",
-                               lambda c=chunk: self.client.log_batch(run_id, metrics=c))
-                except Unavailable as err:
-                    raise _RowsUnavailable(err, trial_id, rows[i:]) from err
-            if self.replayed_steps.get(trial_id):
-                self._log_tags(trial_id, {names.REPLAYED_STEPS: str(self.replayed_steps[trial_id])})
-
-    def _log_tags(self, trial_id: str, tags: Mapping[str, str]) -> None:
-        run_id = self.run_ids.get(trial_id)
-        if run_id is None:
+    def _add_tags(self, pending: dict[str, list], trial_id: str, tags: Mapping[str, str]) -> None:
+        if trial_id not in self.run_ids:
             self.calls.record("tags", trial_id, f"tags {sorted(tags)} (no child run)",
                               "the child run could not be created")
             return
         from mlflow.entities import RunTag
 
-        batch = [RunTag(k, v) for k, v in tag_values(tags).items()]
-        self._call("tags", trial_id, f"tags {sorted(tags)}", lambda: self.client.log_batch(run_id, tags=batch))
+        pending[trial_id] += [RunTag(k, v) for k, v in tag_values(tags).items()]
 
-    def _end_run(self, msg: EndRun) -> None:
+    def _flush(self, pending: dict[str, list]) -> None:
+        """Writes each trial's admitted metric rows and its tags (the last value of each), both
+        in the same ``log_batch`` calls; :class:`_RowsUnavailable` from the call MLflow went
+        away on."""
+        from mlflow.entities import Metric, RunTag
+
+        for trial_id in list(pending):
+            rows = pending.pop(trial_id)
+            if self.replayed_steps.get(trial_id) and rows:
+                rows.append(RunTag(names.REPLAYED_STEPS, str(self.replayed_steps[trial_id])))
+            if not rows:
+                continue
+            run_id = self.run_ids[trial_id]
+            metrics = [r for r in rows if isinstance(r, Metric)]
+            tags = list({r.key: r for r in rows if isinstance(r, RunTag)}.values())
+            while metrics or tags:
+                t, tags = tags[:MAX_TAGS_PER_BATCH], tags[MAX_TAGS_PER_BATCH:]
+                size = MAX_METRICS_PER_BATCH - len(t)
+                m, metrics = metrics[:size], metrics[size:]
+                detail = ", ".join(part for part in (
+                    f"{_steps(row.step for row in m)}: {len(m)} values" if m else "",
+                    f"tags {sorted(tag.key for tag in t)}" if t else "") if part)
+                try:
+                    self._call("metrics" if m else "tags", trial_id, detail,
+                               lambda m=m, t=t: self.client.log_batch(run_id, metrics=m, tags=t))
+                except Unavailable as err:
+                    raise _RowsUnavailable(err, trial_id, m + metrics + t + tags) from err
+
+    def _end_run(self, msg: EndRun, pending: dict[str, list]) -> None:
         run_id = self.run_ids.get(msg.trial_id)
         if run_id is None:
             self.calls.record("status", msg.trial_id, f"status {msg.status} (no child run)",
@@ -450,7 +469,8 @@ class MLflowWriter:
         tags = {names.NUM_FAILURES: str(msg.num_failures)}
         if msg.error:
             tags[names.ERROR] = msg.error[-MAX_TAG_VALUE:]
-        self._log_tags(msg.trial_id, tags)
+        self._add_tags(pending, msg.trial_id, tags)
+        self._flush({msg.trial_id: pending.pop(msg.trial_id)})
         if msg.checkpoint is not None:
             self._log_checkpoint(msg.trial_id, run_id, msg.checkpoint, msg.root_files)
         self._call("status", msg.trial_id, f"status {msg.status}",
@@ -537,7 +557,10 @@ def _unwritten(item: _Item) -> list[tuple[str, str]]:
         case Metrics():
             return [("metrics", f"{_steps([item.step])}: {len(item.values)} values")]
         case Admitted():
-            return [("metrics", f"{_steps(row.step for row in item.rows)}: {len(item.rows)} values")]
+            steps = [row.step for row in item.rows if hasattr(row, "step")]
+            tags = sorted(row.key for row in item.rows if not hasattr(row, "step"))
+            return ([("metrics", f"{_steps(steps)}: {len(steps)} values")] if steps else []) + (
+                [("tags", f"tags {tags}")] if tags else [])
         case StartRun():
             return [("child run", f"child run of trial {item.name}")]
         case Tags():
