@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from haepo_ray import names
@@ -137,17 +138,20 @@ def curves(histories: Mapping[str, History], keys: Iterable[str], kind: Kind) ->
     """A run's curves of its metrics ``keys`` (:func:`curve_keys`), one row per step, from its
     ``histories`` (:mod:`~haepo_ray.report.histories`: a step logged twice, as by a restarted
     trial, keeps its last value). Derived columns: RL's one entropy of RLlib's two names, and a
-    language-model trial's peak memory over its phases."""
-    frame = pd.DataFrame({key: pd.Series(histories.get(key, {}), name=key, dtype=float) for key in keys})
-    frame = frame.sort_index()
-    frame.index.name = kind.step
-    entropy = [k for k in ENTROPY_KEYS if k in frame]
+    language-model trial's peak memory over its phases. Built from arrays in one go: 10,000
+    trials take seconds, not minutes."""
+    keys = list(keys)
+    steps = sorted({step for key in keys for step in histories.get(key, {})})
+    values = {key: np.array([histories.get(key, {}).get(step, np.nan) for step in steps], dtype=float)
+              for key in keys}
+    columns = {key: column for key, column in values.items() if key not in ENTROPY_KEYS}
+    entropy = [values[k] for k in ENTROPY_KEYS if k in values]
     if entropy:
-        frame[ENTROPY] = frame[entropy[0]]
-    phases = [k for k in frame if any(k.startswith(p) for p in LLM.prefixes)]
+        columns[ENTROPY] = entropy[0]
+    phases = [column for key, column in values.items() if key.startswith(LLM.prefixes)]
     if phases:
-        frame[names.LLM_PEAK_MEMORY] = frame[phases].max(axis=1)
-    return frame.drop(columns=list(ENTROPY_KEYS), errors="ignore")
+        columns[names.LLM_PEAK_MEMORY] = np.fmax.reduce(phases)
+    return pd.DataFrame(columns, index=pd.Index(steps, dtype="int64", name=kind.step))
 
 
 def _trial(experiment: str, run) -> Trial:
