@@ -88,23 +88,30 @@ class Group:
     def per_trial(self, metric: str, how: str) -> np.ndarray:
         """Each trial's ``metric`` as one number: its ``last`` value, its ``max`` (a peak) or
         its ``mean`` over steps (NaN where it has none)."""
+        reduce = {LAST: lambda v: v[-1], MAX: np.max, MEAN: np.mean}[how]
         out = []
         for trial in self.trials:
-            series = trial.curves[metric].dropna() if metric in trial.curves else pd.Series(dtype=float)
-            value = {LAST: lambda: series.iloc[-1], MAX: series.max, MEAN: series.mean}[how]
-            out.append(float(value()) if len(series) else np.nan)
+            values = _values(trial.curves, metric)[1]
+            out.append(float(reduce(values)) if len(values) else np.nan)
         return np.asarray(out)
 
     def seconds_per_100_updates(self) -> np.ndarray:
         """Each trial's wall-clock seconds per 100 training iterations."""
         out = []
         for trial in self.trials:
-            if SECONDS not in trial.curves or trial.curves[SECONDS].dropna().empty:
-                out.append(np.nan)
-                continue
-            seconds = trial.curves[SECONDS].dropna()
-            out.append(100.0 * float(seconds.iloc[-1]) / float(seconds.index[-1]))
+            steps, seconds = _values(trial.curves, SECONDS)
+            out.append(100.0 * float(seconds[-1]) / float(steps[-1]) if len(seconds) else np.nan)
         return np.asarray(out)
+
+
+def _values(curves: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of ``metric`` in a trial's curves where it has a value (NumPy, not
+    pandas: the table reads them for every trial)."""
+    if metric not in curves:
+        return np.empty(0), np.empty(0)
+    values = curves[metric].to_numpy()
+    kept = ~np.isnan(values)
+    return curves.index.to_numpy()[kept], values[kept]
 
 
 def group_trials(trials: list[Trial]) -> list[Group]:

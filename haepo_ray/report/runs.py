@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from haepo_ray import names
+from haepo_ray.report.histories import History, read_histories
 from haepo_ray.report.kinds import ENTROPY, LLM, RL, Kind
 from haepo_ray.tracking import TRIAL_ROLE, experiment_named, open_store, search_all_runs
 
@@ -127,60 +129,68 @@ def _spec_name(key: str) -> str:
     return key.rsplit("/", 1)[-1].lstrip("_")
 
 
-def _curves(client, run, kind: Kind) -> pd.DataFrame:
-    """The run's curves of ``kind``'s metrics, one row per step (a step logged twice, as by a
-    restarted trial, keeps its last value). Derived columns: RL's one entropy of RLlib's two
-    names, and a language-model trial's peak memory over its phases."""
-    keys = [k for k in run.data.metrics
-            if k in kind.metrics or any(k.startswith(p) for p in kind.prefixes)]
-    columns: dict[str, pd.Series] = {}
-    for key in keys:
-        history = client.get_metric_history(run.info.run_id, key)
-        columns[key] = pd.Series({m.step: m.value for m in history}, name=key, dtype=float)
-    frame = pd.DataFrame(columns).sort_index()
-    frame.index.name = kind.step
-    entropy = [k for k in ENTROPY_KEYS if k in frame]
+def curve_keys(metrics: Iterable[str], kind: Kind) -> list[str]:
+    """The keys of ``metrics`` (a run's metric keys) that ``kind``'s curves read, in their order."""
+    return [k for k in metrics if k in kind.metrics or any(k.startswith(p) for p in kind.prefixes)]
+
+
+def curves(histories: Mapping[str, History], keys: Iterable[str], kind: Kind) -> pd.DataFrame:
+    """A run's curves of its metrics ``keys`` (:func:`curve_keys`), one row per step, from its
+    ``histories`` (:mod:`~haepo_ray.report.histories`: a step logged twice, as by a restarted
+    trial, keeps its last value). Derived columns: RL's one entropy of RLlib's two names, and a
+    language-model trial's peak memory over its phases. Built from arrays in one go: 10,000
+    trials take seconds, not minutes."""
+    keys = list(keys)
+    steps = sorted({step for key in keys for step in histories.get(key, {})})
+    values = {key: np.array([histories.get(key, {}).get(step, np.nan) for step in steps], dtype=float)
+              for key in keys}
+    columns = {key: column for key, column in values.items() if key not in ENTROPY_KEYS}
+    entropy = [values[k] for k in ENTROPY_KEYS if k in values]
     if entropy:
-        frame[ENTROPY] = frame[entropy[0]]
-    phases = [k for k in frame if any(k.startswith(p) for p in LLM.prefixes)]
+        columns[ENTROPY] = entropy[0]
+    phases = [column for key, column in values.items() if key.startswith(LLM.prefixes)]
     if phases:
-        frame[names.LLM_PEAK_MEMORY] = frame[phases].max(axis=1)
-    return frame.drop(columns=list(ENTROPY_KEYS), errors="ignore")
+        columns[names.LLM_PEAK_MEMORY] = np.fmax.reduce(phases)
+    return pd.DataFrame(columns, index=pd.Index(steps, dtype="int64", name=kind.step))
 
 
-def _trial(client, experiment: str, run) -> Trial:
-    """The trial of a child run: its tags say its kind, algorithm, subject and seed."""
+def _trial(experiment: str, run) -> Trial:
+    """The trial of a child run, without its curves: its tags say its kind, algorithm, subject
+    and seed."""
     tags = run.data.tags
     values = _search_values(run)
     seed = next((values.pop(k) for k in SEED_KEYS if k in values), tags.get(names.SEED))
     model = tags.get(names.MODEL)
     if model is not None:
         values = {k: v for k, v in values.items() if k not in LLM_TAGGED_KEYS}
-    trial = Trial(experiment=experiment, run_id=run.info.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
-                  env=tags.get(names.ENV, "?"), seed=seed, config=values, params=dict(run.data.params),
-                  curves=pd.DataFrame(), model=model, data=tags.get(names.DATA), status=run.info.status,
-                  error=tags.get(names.ERROR, ""),
-                  provenance={k: v for k, v in tags.items() if k.startswith(names.PROVENANCE_PREFIXES)})
-    trial.curves = _curves(client, run, trial.kind)
-    return trial
+    return Trial(experiment=experiment, run_id=run.info.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
+                 env=tags.get(names.ENV, "?"), seed=seed, config=values, params=dict(run.data.params),
+                 curves=pd.DataFrame(), model=model, data=tags.get(names.DATA), status=run.info.status,
+                 error=tags.get(names.ERROR, ""),
+                 provenance={k: v for k, v in tags.items() if k.startswith(names.PROVENANCE_PREFIXES)})
 
 
 def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> list[Trial]:
     """Every trial of every sweep of ``experiments`` (default: all experiments with sweeps).
 
     Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
-    no sweep.
+    no sweep. The curves of all trials are read in batches (:func:`read_histories`).
     """
     client = open_store(tracking_uri)
     exps = ([experiment_named(client, name) for name in experiments] if experiments
             else client.search_experiments())
     trials: list[Trial] = []
+    keys: dict[str, list[str]] = {}  # run id -> its curves' metric keys
     for exp in exps:
         runs = search_all_runs(client, exp.experiment_id, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")
         if experiments and not runs:
             raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials")
         for run in runs:
             if names.PARENT_RUN in run.data.tags:
-                trials.append(_trial(client, exp.name, run))
+                trials.append(_trial(exp.name, run))
+                keys[run.info.run_id] = curve_keys(run.data.metrics, trials[-1].kind)
+    histories = read_histories(client, keys)
+    for trial in trials:
+        trial.curves = curves(histories.get(trial.run_id, {}), keys[trial.run_id], trial.kind)
     return trials
 

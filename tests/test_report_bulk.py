@@ -1,0 +1,166 @@
+"""The report's batched metric readers (:mod:`haepo_ray.report.histories`) give exactly the
+curves of one ``get_metric_history`` per run and metric, on a real SQLite store and on a real
+``mlflow server`` backed by it.
+
+The store: 100 small trials and a few special ones: a step logged twice (later timestamp; same
+timestamp), a NaN, metrics with different step counts, a run with no metrics, a language-model
+trial, a run whose 30,000 values of one metric fill a bulk response alone and two of 15,000 that
+fill one together (the server's cap is 25,000 values per response).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import MLflowServer
+
+from haepo_ray import names
+from haepo_ray.report import histories
+from haepo_ray.report.histories import http_histories, per_run_histories, read_histories, sql_histories
+from haepo_ray.report.kinds import LLM, RL
+from haepo_ray.report.runs import RETURN, SECONDS, curve_keys, curves, load_trials
+
+EXPERIMENT = "bulk"
+SMALL = 100
+LONG = 30_000  # more values of one metric than a bulk response holds (25,000)
+HALF = 15_000
+
+
+def _metrics(key: str, values, start: int = 1, timestamp: int = 0):
+    from mlflow.entities import Metric
+
+    return [Metric(key, float(v), timestamp, step) for step, v in enumerate(values, start)]
+
+
+def _build(db: Path) -> dict[str, str]:
+    """The store (see the module's docstring); the special runs' ids by name."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.create_experiment(EXPERIMENT, artifact_location=(db.parent / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={names.ROLE: "sweep"}).info.run_id
+
+    def child(name: str, metrics: list, tags: dict | None = None) -> str:
+        run = client.create_run(exp, run_name=name, tags={
+            names.PARENT_RUN: parent, names.ROLE: "trial", names.ALGORITHM: "HAEPO", names.ENV: "haepo/ChainMDP-v0",
+            names.SEARCH_VALUES: json.dumps({"lr": 0.1, "seed": name}), **(tags or {})}).info.run_id
+        for start in range(0, len(metrics), 1000):
+            client.log_batch(run, metrics=metrics[start:start + 1000])
+        client.set_terminated(run)
+        return run
+
+    for i in range(SMALL):
+        child(f"small-{i}", _metrics(RETURN, range(i % 4)) + _metrics(SECONDS, range(i % 3)))
+    return {
+        # step 2 twice (the later one, smaller, wins), step 3 twice at one time (the larger wins)
+        "twice": child("twice", _metrics(RETURN, [1.0, 1.0]) + _metrics(RETURN, [0.5], 2, timestamp=20)
+                       + _metrics(RETURN, [2.0], 3, timestamp=5) + _metrics(RETURN, [3.0], 3, timestamp=5)
+                       + _metrics(SECONDS, [1, 2, 3])
+                       + _metrics(names.POLICY_ENTROPY, [0.9, 0.8, 0.7])),
+        "ragged": child("ragged", _metrics(RETURN, [1, 2, 3, math.nan, 5]) + _metrics(names.REGRET_PER_STEP, [4, 3])),
+        "empty": child("empty", []),
+        "llm": child("llm", _metrics(names.LLM_REWARD, [0.1, 0.2, 0.3]) + _metrics("peak_memory_mb/generation", [7, 9])
+                     + _metrics("peak_memory_mb/update", [8, 6]), tags={names.MODEL: "tiny", names.DATA: "tldr"}),
+        "long": child("long", _metrics(RETURN, range(LONG))),
+        "half-a": child("half-a", _metrics(RETURN, range(HALF))),
+        "half-b": child("half-b", _metrics(RETURN, range(HALF, 2 * HALF))),
+    }
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """(root, SQLite URI, special run ids): the server's database, ``root/server.db``."""
+    root = tmp_path_factory.mktemp("bulk")
+    return root, f"sqlite:///{root / 'server.db'}", _build(root / "server.db")
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    live = MLflowServer(store[0])
+    try:
+        yield live
+    finally:
+        live.kill()
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def _wanted(client) -> tuple[dict[str, list[str]], dict[str, object]]:
+    """(run id -> its curves' metric keys, run id -> its kind) of every trial."""
+    exp = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    runs = client.search_runs([exp], f"tags.`{names.ROLE}` = 'trial'", max_results=1000)
+    kinds = {r.info.run_id: LLM if names.MODEL in r.data.tags else RL for r in runs}
+    return {r.info.run_id: curve_keys(r.data.metrics, kinds[r.info.run_id]) for r in runs}, kinds
+
+
+def _assert_same_curves(got, expected, wanted, kinds) -> None:
+    for run_id, keys in wanted.items():
+        pd.testing.assert_frame_equal(curves(got.get(run_id, {}), keys, kinds[run_id]),
+                                      curves(expected.get(run_id, {}), keys, kinds[run_id]), check_exact=True)
+
+
+def test_per_run_reader_keeps_a_steps_last_value(store):
+    """The reference itself: a step logged twice keeps its later value (by timestamp, then by
+    value), a NaN stays NaN, a run with no metrics has no curves."""
+    _, uri, ids = store
+    client = _client(uri)
+    wanted, kinds = _wanted(client)
+    got = per_run_histories(client, {i: wanted[i] for i in (ids["twice"], ids["ragged"], ids["empty"])})
+    assert got[ids["twice"]][RETURN] == {1: 1.0, 2: 0.5, 3: 3.0}
+    assert math.isnan(got[ids["ragged"]][RETURN][4]) and got[ids["ragged"]][names.REGRET_PER_STEP] == {1: 4.0, 2: 3.0}
+    assert curves(got[ids["empty"]], wanted[ids["empty"]], RL).empty
+
+
+def test_sql_reader_gives_the_per_run_curves(store, monkeypatch):
+    """In chunks of 500 runs (one chunk here) and of 7 (15 chunks, the last one short)."""
+    _, uri, _ = store
+    client = _client(uri)
+    wanted, kinds = _wanted(client)
+    expected = per_run_histories(client, wanted)
+    assert read_histories(client, wanted).keys() == sql_histories(client, wanted).keys()
+    _assert_same_curves(sql_histories(client, wanted), expected, wanted, kinds)
+    monkeypatch.setattr(histories, "SQL_RUNS", 7)
+    _assert_same_curves(sql_histories(client, wanted), expected, wanted, kinds)
+
+
+def test_http_reader_gives_the_per_run_curves(store, server):
+    """Through the server's bulk endpoint (107 runs: two chunks per metric), with responses
+    cut off at 25,000 values: by one run alone (read per run) and by two together (the second
+    asked again)."""
+    _, uri, ids = store
+    client = _client(server.uri)
+    wanted, kinds = _wanted(client)
+    expected = per_run_histories(client, wanted)
+    assert len(expected[ids["long"]][RETURN]) == LONG
+    _assert_same_curves(http_histories(client, wanted), expected, wanted, kinds)
+    for names_ in (["long"], ["half-a", "half-b"], ["half-b", "half-a"]):
+        part = {ids[n]: wanted[ids[n]] for n in names_}
+        got = http_histories(client, part)
+        assert {run: len(h[RETURN]) for run, h in got.items()} == {run: len(expected[run][RETURN]) for run in part}
+        _assert_same_curves(got, expected, part, kinds)
+    assert read_histories(client, {ids["twice"]: [RETURN]})[ids["twice"]][RETURN] == {1: 1.0, 2: 0.5, 3: 3.0}
+
+
+def test_trials_are_the_same_from_sqlite_and_from_the_server(store, server):
+    """load_trials reads the same trials (curves, configs, statuses, provenance) either way,
+    with the per-run reader's curves."""
+    _, uri, _ = store
+    local, remote = (sorted(load_trials(u, [EXPERIMENT]), key=lambda t: t.run_id) for u in (uri, server.uri))
+    client = _client(uri)
+    wanted, kinds = _wanted(client)
+    expected = per_run_histories(client, wanted)
+    assert len(local) == len(remote) == SMALL + 7
+    for a, b in zip(local, remote):
+        pd.testing.assert_frame_equal(a.curves, b.curves, check_exact=True)
+        pd.testing.assert_frame_equal(a.curves, curves(expected[a.run_id], wanted[a.run_id], kinds[a.run_id]),
+                                      check_exact=True)
+        a.curves = b.curves = None
+        assert a == b
