@@ -54,14 +54,15 @@ def free_port() -> int:
 
 class MLflowServer:
     """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
-    ``root/server.db`` or on ``backend`` (a database URI)."""
+    ``root/server.db`` or on ``backend`` (a database URI); on ``port`` (default: a free one),
+    e.g. that of a server stopped before, to restart it (bench/scale.py's outage)."""
 
-    def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
-        self.root = root
-        self.port = free_port()
+    def __init__(self, root: Path, backend: str | None = None, workers: int = 1, port: int | None = None):
+        self.root, self.backend = root, backend
+        self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.db = root / "server.db"
-        self.log = open(root / "server.log", "w")
+        self.log = open(root / "server.log", "a")
         mlflow = Path(sys.executable).with_name("mlflow")
         self.proc = subprocess.Popen(
             [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
