@@ -8,6 +8,7 @@ Results: BENCHMARKS.md, "Sweeps of thousands of trials".
     python bench/scale.py --trials 200 --kill-at 0.5 [--reference]   # `haepo sweep` killed, resumed
     python bench/scale.py --trials 200 --outage-s 20 --outage-at 0.3 # the MLflow server down 20 s
     python bench/scale.py --trials 300 --slots 2 --profile           # cProfile: driver and actors
+    python bench/scale.py --trials 150 --slots 2 --ab /tmp/base .    # A/B: the haepo_ray of each folder
 
 Each trial: the 10-arm Gaussian bandit (8 envs, M = 8 episodes per update, ``fcnet_hiddens``
 [16], no env runners), ``stop: {iterations: 1}``, no checkpoints, ``reuse_actors: true``; the
@@ -218,6 +219,8 @@ class Monitor(threading.Thread):
         self.extra_roots: dict[int, str] = {}  # pid -> category (PostgreSQL's postmaster)
         self.driver_pid: int | None = None  # --kill-at: the `haepo sweep` subprocess
         self.store: Store | None = None  # --kill-at: where finished trials are counted
+        self.profile_writer = False
+        self.writer_profile: cProfile.Profile | None = None
         self.finished = 0
         self.samples: list[dict] = []
         self.rss_marks: list[dict] = []
@@ -318,6 +321,19 @@ def capture_callbacks(monitor: Monitor) -> None:
     def make_callback(*args, **kwargs):
         cb = original(*args, **kwargs)
         monitor.callbacks.append(cb)
+        writer = getattr(cb, "_writer", None)
+        if monitor.profile_writer and writer is not None:  # --profile: the MLflow writer's thread
+            run = writer._run
+
+            def profiled():
+                monitor.writer_profile = cProfile.Profile()
+                monitor.writer_profile.enable()
+                try:
+                    run()
+                finally:
+                    monitor.writer_profile.disable()
+
+            writer._run = profiled
         return cb
 
     make_callback._scale_wrapped = True
@@ -497,6 +513,7 @@ def sweep_in_process(args, root: Path, server: MLflowServer, store: Store, monit
     report["ray_init_s"] = round(time.perf_counter() - t, 2)
     register_with_ray()
     plan = parse_plan(spec_data(n, slots), "scale.yaml")
+    monitor.profile_writer = args.profile
     capture_callbacks(monitor)
     outage: dict = {}
 
@@ -544,6 +561,10 @@ def sweep_in_process(args, root: Path, server: MLflowServer, store: Store, monit
         stats.print_stats(60)
         (prof_dir / "driver_tottime.txt").write_text(stream.getvalue())
         out["profile_dir"] = str(prof_dir)
+        if monitor.writer_profile is not None:
+            monitor.writer_profile.dump_stats(str(prof_dir / "writer.prof"))
+            stats = pstats.Stats(monitor.writer_profile, stream=io.StringIO())
+            (prof_dir / "writer_top.txt").write_text(top_functions(stats, 60))
     ray.shutdown()
     if args.profile:
         time.sleep(2)  # the actors' atexit dumps
@@ -692,6 +713,53 @@ def sweep_killed(args, root: Path, server: MLflowServer, store: Store, monitor: 
     return out
 
 
+# --------------------------------------------------------------------------- A/B
+
+
+AB_KEYS = ("wall_s", "after_first_start_s", "driver_cpu_s", "total_cpu_s", "end_to_next_start_s",
+           "s_per_trial_per_slot")
+
+
+def ab(args) -> int:
+    """The same sweep with the haepo_ray of each ``--ab`` folder, the folders taking turns,
+    ``--repeats`` times; medians and ratios to the first folder."""
+    runs: dict[str, list] = {c: [] for c in args.ab}
+    for r in range(args.repeats):
+        for code in args.ab:
+            out = Path(tempfile.mkdtemp(prefix="haepo-scale-ab-")) / "run.json"
+            env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
+            cmd = [sys.executable, str(Path(__file__).resolve()), "-n", str(args.trials), "--slots",
+                   str(args.slots), "--no-report", "--out", str(out)]
+            proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+            if not out.exists():
+                raise SystemExit(proc.stdout[-2000:] + proc.stderr[-3000:])
+            rep = json.loads(out.read_text())
+            row = {"wall_s": rep["timing"]["wall_s"],
+                   "after_first_start_s": rep["sweep"]["timeline"]["sweep_after_first_start_s"],
+                   "driver_cpu_s": rep["cpu_s"].get("driver"), "total_cpu_s": rep["cpu_s"]["total"],
+                   "end_to_next_start_s": rep["sweep"]["timeline"]["end_to_next_start_same_actor_s"],
+                   "s_per_trial_per_slot": rep["timing"]["s_per_trial_per_slot"],
+                   "store_ok": rep["store"]["ok"], "load": rep["load_before"],
+                   "cpu_s": rep["cpu_s"]}
+            runs[code].append(row)
+            shutil.rmtree(out.parent, ignore_errors=True)
+            print(json.dumps({"repeat": r, "code": code, **row}), flush=True)
+    base = {k: statistics.median(x[k] for x in runs[args.ab[0]]) for k in AB_KEYS}
+    table = []
+    for code in args.ab:
+        med = {k: statistics.median(x[k] for x in runs[code]) for k in AB_KEYS}
+        table.append({"code": code, **{k: round(v, 3) for k, v in med.items()},
+                      **{f"{k}_ratio": round(med[k] / base[k], 3) for k in AB_KEYS if base[k]}})
+        print(json.dumps(table[-1]), flush=True)
+    out = Path(args.out or REPO / ".haepo" / "bench" / f"scale_ab_n{args.trials}_s{args.slots}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                               "trials": args.trials, "slots": args.slots, "runs": runs, "table": table},
+                              indent=1))
+    print(f"results: {out}")
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -709,7 +777,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-report", action="store_true", help="do not time haepo report")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--out", help="JSON results (default .haepo/bench/scale_<mode>_n<N>_s<S>.json)")
+    parser.add_argument("--ab", nargs="+", metavar="CODE",
+                        help="A/B: checkouts whose haepo_ray runs the sweep in turn (the first is the base)")
+    parser.add_argument("--repeats", type=int, default=3, help="--ab: runs per checkout")
     args = parser.parse_args(argv)
+    if args.ab:
+        return ab(args)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     n, slots = args.trials, args.slots
     mode = "kill" if args.kill_at is not None else "outage" if args.outage_s is not None else \
