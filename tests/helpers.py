@@ -54,7 +54,8 @@ def free_port() -> int:
 
 class MLflowServer:
     """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
-    ``root/server.db`` or on ``backend`` (a database URI)."""
+    ``root/server.db`` or on ``backend`` (a database URI); :meth:`stop` and :meth:`start`
+    take it down and bring it back on its port and store (an outage)."""
 
     def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
         self.root = root

@@ -346,3 +346,47 @@ def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, m
         assert len(history) >= 3
         changed += len({m.value for m in history}) > 1
     assert changed >= 1
+
+
+def test_trial_folders_hold_the_json_results_only_and_the_same_results(ray_session, tmp_path, monkeypatch):
+    """A sweep keeps Tune's JSON logger only (params.json, params.pkl, result.json: what a
+    resume and ``metrics_dataframe`` read), not its CSV and TensorBoard ones; the trials'
+    results are those of a run with all three loggers, value for value."""
+    from haepo_ray.sweep import runner
+
+    def sweep(name: str) -> tuple[dict, list]:
+        plan = parse_plan(_tiny(name=name, search_space={"seed": {"grid": [0, 1]}}, stop={"iterations": 2},
+                                checkpoint_at_end=False), f"{name}.yaml")
+        result = run_sweep(plan, track=False, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
+        folders = sorted(Path(r.path) for r in result.result_grid)
+        files = [sorted(p.name for p in f.iterdir() if p.is_file()) for f in folders]
+        # What training computes (the learner's values, the episodes), not clocks or machines.
+        kept = ("learners/default_policy/", "env_runners/episode_return", "env_runners/episode_len",
+                "env_runners/num_env_steps_sampled_lifetime", "env_runners/num_episodes", "training_iteration")
+        clock = ("time", "duration", "_sec", "throughput", "timer")
+        rows = {}
+        for r in result.result_grid:
+            seed = r.config["seed"]
+            frame = r.metrics_dataframe  # read from result.json
+            rows[seed] = [{k: v for k, v in row.items() if k.startswith(kept) and not any(c in k for c in clock)}
+                          for row in frame.to_dict("records")]
+        return rows, files
+
+    lean, files = sweep("lean")
+    assert all({"params.json", "params.pkl", "result.json"} <= set(f) for f in files), files
+    assert not any(n == "progress.csv" or n.startswith("events.out") for f in files for n in f), files
+
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
+
+    monkeypatch.setattr(runner, "result_loggers",
+                        lambda: [JsonLoggerCallback(), CSVLoggerCallback(), TBXLoggerCallback()])
+    full, files = sweep("full")
+    assert all({"progress.csv", "result.json"} <= set(f) for f in files), files
+    assert lean.keys() == full.keys() == {0, 1}
+    for seed in lean:
+        assert len(lean[seed]) == len(full[seed]) == 2
+        for a, b in zip(lean[seed], full[seed]):
+            assert a.keys() == b.keys() and len(a) > 20
+            assert a["env_runners/episode_return_mean"] == b["env_runners/episode_return_mean"]
+            for key in a:
+                assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), (seed, key, a[key], b[key])

@@ -138,19 +138,38 @@ def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: 
     return tuner
 
 
+# Tune adds a CSV, a JSON and a TensorBoard logger to every run unless this is "1"; the sweep
+# passes the JSON one itself (:func:`result_loggers`).
+_NO_AUTO_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+
+
+def result_loggers() -> list:
+    """The one per-trial result logger a sweep keeps: Tune's JSON logger (params.json,
+    params.pkl, result.json), which resumes read (:mod:`haepo_ray.tracking.trial_files`) and
+    ``Result.metrics_dataframe`` prefers. Tune's CSV (progress.csv) and TensorBoard loggers
+    are left out: nothing reads them, and on the driver they cost about 35-50 ms per trial
+    (bench/scale.py's profile; BENCHMARKS.md, "Sweeps of thousands of trials")."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    return [JsonLoggerCallback()]
+
+
 def _fit(tuner):
-    """``tuner.fit()`` with Tune's classic output: its newer output prints every trial's
-    whole config (hundreds of RLlib keys) at start; the classic reporter shows the table of
-    :func:`~haepo_ray.sweep.tune_setup.progress_reporter` instead."""
-    saved = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    """``tuner.fit()`` with Tune's classic output (its newer output prints every trial's
+    whole config, hundreds of RLlib keys, at start; the classic reporter shows the table of
+    :func:`~haepo_ray.sweep.tune_setup.progress_reporter` instead) and without Tune's
+    automatic loggers (the run's callbacks hold :func:`result_loggers`)."""
+    settings = {"RAY_AIR_NEW_OUTPUT": "0", _NO_AUTO_LOGGERS: "1"}
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
     try:
         return tuner.fit()
     finally:
-        if saved is None:
-            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
-        else:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_sweep(
@@ -209,7 +228,8 @@ def run_sweep(
             if callback.start():
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
-        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder]
+        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder] \
+            + result_loggers()
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 
         if resume:
