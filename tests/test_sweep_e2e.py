@@ -59,6 +59,26 @@ def test_smoke_sweep_sqlite(ray_session, tmp_path, monkeypatch):
     assert summary["best_trial_id"] == result.best.trial_id
 
 
+def test_a_resume_after_every_trial_ended_writes_what_mlflow_lacks(ray_session, tmp_path, monkeypatch):
+    """The driver's every trial ended but MLflow got none of them (here: a first run without
+    tracking; in a big sweep, a writer behind when the driver was killed). ``--resume`` has
+    no trial left to run, so Tune takes no step: the runs are still written, from each
+    trial's ``result.json``, once."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data = yaml.safe_load(SMOKE.read_text())
+    data.update(name="ended", search_space={"seed": {"grid": [0, 1]}, "lr": {"grid": [0.05]}})
+    data["stop"] = {"iterations": 3}
+    plan = parse_plan(data, "ended.yaml")
+    first = run_sweep(plan, storage_path=str(tmp_path / "results"), out=io.StringIO(), track=False)
+    assert [t.status for t in first.trials] == ["TERMINATED"] * 2
+
+    result = run_sweep(plan, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO(),
+                       resume=True)
+    assert not result.not_logged
+    check_sweep_in_mlflow(uri, "ended", result, iterations=3)
+
+
 # --------------------------------------------------------------------------- failure injection
 
 

@@ -254,6 +254,11 @@ class MLflowSweepCallback(Callback):
         self.start()
 
     def on_step_begin(self, iteration, trials, **info):
+        self._reconcile_once(trials)
+
+    def _reconcile_once(self, trials) -> None:
+        """On resume, :meth:`_reconcile` once: at the first step, or at the end when Tune had
+        no trial left to run (every trial ended before the crash; Tune then takes no step)."""
         if self.settings.resume and not self._reconciled and self._active():
             self._reconciled = True
             self._reconcile(trials)
@@ -333,6 +338,7 @@ class MLflowSweepCallback(Callback):
             self._enqueue_end(trial, "FAILED", error)
 
     def on_experiment_end(self, trials, **info):
+        self._reconcile_once(trials)
         statuses = [getattr(t, "status", "") for t in trials]
         status = "FAILED" if any(s == "ERROR" for s in statuses) else (
             "FINISHED" if all(s == "TERMINATED" for s in statuses) else "KILLED")

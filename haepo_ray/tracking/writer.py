@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from haepo_ray import names
+from haepo_ray.tracking import mlflow_private
 from haepo_ray.tracking.backlog import DEFAULT_MAX_IN_MEMORY, Backlog
 from haepo_ray.tracking.logged import LoggedSteps, highest_steps
 from haepo_ray.tracking.queries import find_trial_run
@@ -184,6 +185,7 @@ class MLflowWriter:
         self._tried: set[str] = set()  # trials whose create was tried: a repeat looks first
         self._wake = threading.Event()
         self._written_at = time.monotonic()  # when a message was last written
+        self._in_hand = 0  # messages of the batch being written
         self._thread: threading.Thread | None = None
 
     def start(self, experiment_id: str, parent_run_id: str | None,
@@ -210,8 +212,8 @@ class MLflowWriter:
         return self._holding
 
     def backlog(self) -> int:
-        """Messages queued and not written yet."""
-        return self._queue.qsize() + len(self._backlog)
+        """Messages queued and not written yet (the batch being written among them)."""
+        return self._queue.qsize() + len(self._backlog) + self._in_hand
 
     @property
     def spilled(self) -> int:
@@ -272,11 +274,13 @@ class MLflowWriter:
                     return
                 waiting = len(self._backlog)
                 items = [self._backlog.popleft() for _ in range(min(self.max_batch, waiting))]
+                self._in_hand = len(items)
                 try:
                     rest = self._process(items)
                 except Exception as err:  # never let the thread die silently
                     logger.warning("MLflow logging thread: unexpected error %s", short_error(err))
                     rest = []
+                self._in_hand = 0
                 if rest:
                     self._backlog.put_back(rest)
                     self._holding = True
@@ -474,7 +478,7 @@ class MLflowWriter:
         if msg.checkpoint is not None:
             self._log_checkpoint(msg.trial_id, run_id, msg.checkpoint, msg.root_files)
         self._call("status", msg.trial_id, f"status {msg.status}",
-                   lambda: self.client.set_terminated(run_id, status=msg.status))
+                   lambda: mlflow_private.set_terminated(self.client, run_id, msg.status))
 
     def _log_checkpoint(self, trial_id: str, run_id: str, checkpoint, root_files: tuple[str, ...]) -> None:
         path = getattr(checkpoint, "path", None)
