@@ -37,6 +37,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
+from haepo_ray import rllib_patches
 from haepo_ray.callbacks import EpisodeInfoMetrics
 from haepo_ray.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
@@ -211,6 +212,7 @@ class HAEPO(Algorithm):
 
     def setup(self, config: AlgorithmConfig) -> None:
         register_with_ray()
+        rllib_patches.apply()  # before the env runner and learner build their connectors
         super().setup(config)
         self._metrics_exporter = MetricsExporter()
 
