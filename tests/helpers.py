@@ -158,6 +158,8 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
         assert params["episodes_per_batch"] == "8"
         assert params["env_config/length"] == "5"
         assert params["_model_config/fcnet_hiddens"] == "[16]"
+        assert params["beta_ent"] == "0.05"  # the spec sets it (to the default)
+        assert "gamma" not in params  # a default the spec does not name
 
         history = sorted(client.get_metric_history(run_id, "training_iteration"), key=lambda m: m.step)
         steps = [m.step for m in history]

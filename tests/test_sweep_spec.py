@@ -96,6 +96,27 @@ def test_each_kind_of_trial_answers_the_sweep_from_its_plan():
     assert llm.label == f"llm_{llm.spec.llm.model}"
 
 
+def test_a_trials_mlflow_params_are_what_the_spec_sets_searches_or_changes():
+    """An RL trial's run leaves out the algorithm's defaults the spec does not name (gamma),
+    and keeps every key the spec sets or searches, default-valued or not (batch_size 8,
+    beta_ent 0.05, the seed); a language-model trial's run logs its whole config."""
+    from haepo_ray.tracking.schema import params_of
+
+    rl = load_plan(REPO / "tune_configs" / "smoke.yaml")
+    defaults = rl.default_params()
+    assert defaults["gamma"] == "0.99"
+    assert {"episodes_per_batch", "beta_ent", "beta_kl", "lr", "seed", "_model_config/fcnet_hiddens",
+            "env_config/length"}.isdisjoint(defaults)
+    trial = params_of(rl.trial_config({"lr": 0.05, "seed": 1}).to_dict())
+    logged = {k: v for k, v in trial.items() if defaults.get(k) != v}
+    assert {"lr": "0.05", "seed": "1", "episodes_per_batch": "8", "beta_ent": "0.05",
+            "env_config/length": "5", "_model_config/fcnet_hiddens": "[16]"}.items() <= logged.items()
+    assert len(logged) < 30 < len(trial)
+    llm = parse_plan({**yaml.safe_load((REPO / "tune_configs" / "llm_smoke.yaml").read_text()),
+                      "stop": {"iterations": 3}}, "llm.yaml")
+    assert llm.default_params() == {}
+
+
 @pytest.mark.parametrize("criterion, reached, short", [
     ({"iterations": 3}, {"training_iteration": 3}, {"training_iteration": 2}),
     ({"seconds": 1.5}, {"time_total_s": 1.5}, {"time_total_s": 1.4}),

@@ -71,6 +71,11 @@ class Plan(ABC):
     def base_space(self) -> dict[str, Any]:
         """The trial config as a dict, before its search values."""
 
+    def default_params(self) -> dict[str, str]:
+        """MLflow params a trial's run leaves out where its value is this one (empty: it logs
+        its whole config)."""
+        return {}
+
     @cached_property
     def param_space(self) -> dict[str, Any]:
         """Tune's ``param_space``: the trial config dict, search axes as Tune domains."""

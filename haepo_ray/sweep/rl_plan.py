@@ -18,7 +18,7 @@ from haepo_ray.registry import UnknownAlgorithm
 from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec
-from haepo_ray.tracking.schema import DEFAULT_METRICS
+from haepo_ray.tracking.schema import DEFAULT_METRICS, params_of, sanitize_key
 
 __all__ = ["RLPlan"]
 
@@ -84,6 +84,17 @@ class RLPlan(Plan):
 
     def base_space(self) -> dict[str, Any]:
         return self.base_config.to_dict()
+
+    def default_params(self) -> dict[str, str]:
+        """The algorithm's default config as MLflow params, less every key the spec sets or
+        searches: a trial's run logs those and what else differs from the defaults (a few dozen
+        params, not the 300-odd of an RLlib config; half of an MLflow server's work per
+        one-iteration trial was writing them)."""
+        spec_keys = {configs.config_key(self.base_config, name) for name in self.spec.settings}
+        spec_keys |= set(self.search_keys.values())
+        defaults = params_of(self.algo_cls.get_default_config().to_dict())
+        return {key: value for key, value in defaults.items()
+                if not any(key == k or key.startswith(f"{k}/") for k in map(sanitize_key, spec_keys))}
 
     def trial_config(self, values: dict[str, Any], *, validate: bool = True):
         """The AlgorithmConfig of the trial with these search values (by spec name)."""

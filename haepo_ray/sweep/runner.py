@@ -111,6 +111,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
         step_key=plan.step_key,
         config_tags=plan.trial_tags,
         checkpoint_root_files=plan.root_files,
+        default_params=plan.default_params(),
     )
     return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry))
 

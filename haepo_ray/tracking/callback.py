@@ -8,7 +8,8 @@ What it writes (names in :mod:`haepo_ray.names`, forms in :mod:`haepo_ray.tracki
   (tags ``haepo.best_trial_id`` / ``haepo.best_run_id``, metric ``best/<metric>``) and
   ``summary.json``;
 - one child per trial (``mlflow.parentRunId`` = the parent; tag ``haepo.trial_id``): params =
-  the trial's config flattened with ``/``; metrics of every result, with ``step`` = the
+  the trial's config flattened with ``/``, less ``SweepTracking.default_params`` (the plan's:
+  for RL, the algorithm's defaults the spec neither sets nor searches); metrics of every result, with ``step`` = the
   sweep's step key (``training_iteration``, or ``update`` for language models): the keys
   matching ``SweepTracking.metrics``, among them wall-clock ``time_total_s`` and env steps
   ``env_runners/num_env_steps_sampled_lifetime``, each (run, metric, step) once;
@@ -93,6 +94,7 @@ class SweepTracking:
         config_tags: tag -> trial config key, tags whose value differs between trials.
         checkpoint_root_files: files of the final checkpoint also logged at the run's root
             (``generations.jsonl``, which the human-evaluation form reads).
+        default_params: param -> value a child run leaves out where the trial's is the same.
     """
 
     tracking_uri: str
@@ -115,12 +117,13 @@ class SweepTracking:
     step_key: str = names.TRAINING_ITERATION
     config_tags: Mapping[str, str] = field(default_factory=dict)
     checkpoint_root_files: tuple[str, ...] = ()
+    default_params: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in ("max", "min"):
             raise ValueError(f"SweepTracking.mode must be 'max' or 'min', got {self.mode!r}")
         # Own copies: the settings must not change under the callback (or in its pickle).
-        for name in ("parent_params", "parent_tags", "trial_tags", "search_keys", "config_tags"):
+        for name in ("parent_params", "parent_tags", "trial_tags", "search_keys", "config_tags", "default_params"):
             object.__setattr__(self, name, dict(getattr(self, name)))
         object.__setattr__(self, "metrics", tuple(self.metrics or DEFAULT_METRICS))
         object.__setattr__(self, "config_metrics", tuple(self.config_metrics))
@@ -393,7 +396,8 @@ class MLflowSweepCallback(Callback):
         if s.search_keys:
             tags[names.SEARCH_VALUES] = json.dumps(
                 {name: config.get(key) for name, key in s.search_keys.items()}, default=str, sort_keys=True)
-        self._writer.put(StartRun(trial.trial_id, str(trial), tags, params_of(config)))
+        params = {k: v for k, v in params_of(config).items() if s.default_params.get(k) != v}
+        self._writer.put(StartRun(trial.trial_id, str(trial), tags, params))
 
     def _enqueue_end(self, trial, status: str, error: str | None = None) -> None:
         checkpoint = checkpoint_of(trial) if self.settings.log_checkpoints else None
