@@ -32,7 +32,8 @@ What one run records (JSON in .haepo/bench/, one summary line on stdout):
   time limit (``--report-timeout``).
 
 Modes: ``--kill-at F`` runs ``haepo sweep SPEC`` as a subprocess in its own process group,
-SIGKILLs the group once the store holds F*N finished child runs, then runs ``haepo sweep SPEC
+SIGKILLs the group once Tune has finished F*N trials (``--kill-by mlflow``: once the store
+holds F*N finished child runs; the writer may be far behind Tune), then runs ``haepo sweep SPEC
 --resume`` to the end (``--reference``: an uninterrupted run of the same N first, for the
 time of the same second part). ``--outage-s S --outage-at F`` SIGKILLs the MLflow server once
 F*N trials finished and restarts it on the same port and store S seconds later.
@@ -626,11 +627,18 @@ def driver_cmd(spec: Path, uri: str, root: Path, *extra: str) -> list[str]:
             "--storage-path", str(root / "results"), "--quiet", *extra]
 
 
+def tune_finished(root: Path) -> int:
+    """Trials whose one result Tune has written (``result.json`` not empty): finished trials,
+    however far behind the MLflow writer is."""
+    return sum(1 for f in root.glob("results/*/*/*/result.json") if f.stat().st_size > 0)
+
+
 def run_driver(cmd: list[str], root: Path, log_name: str, monitor: Monitor, until=None,
-               marks: tuple[int, ...] = ()) -> dict:
+               marks: tuple[int, ...] = (), by_tune: bool = False) -> dict:
     """Runs `haepo sweep` in its own process group; with ``until`` (a () -> bool), SIGKILLs
-    the group (and the Ray processes it started) once it holds. Times at which the store held
-    ``marks`` finished runs."""
+    the group (and the Ray processes it started) once it holds. Times at which ``marks``
+    trials had finished: runs FINISHED in the store, or with ``by_tune`` trials Tune finished
+    (``until`` and ``marks`` count the same)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env["PYTHONUNBUFFERED"] = "1"
     t = time.perf_counter()
@@ -645,6 +653,8 @@ def run_driver(cmd: list[str], root: Path, log_name: str, monitor: Monitor, unti
         while proc.poll() is None:
             time.sleep(0.25)
             done = monitor.finished = monitor.store.finished_children()
+            if by_tune:
+                done = tune_finished(root)
             for m in marks:
                 if m not in reached and done >= m:
                     reached[m] = time.perf_counter() - t
@@ -669,7 +679,7 @@ def run_driver(cmd: list[str], root: Path, log_name: str, monitor: Monitor, unti
     monitor.sample_cpu()
     monitor.driver_pid = None
     return {"wall_s": round(wall, 2), "returncode": proc.returncode, "killed": killed,
-            "finished_in_store": monitor.store.finished_children(),
+            "finished_in_store": monitor.store.finished_children(), "finished_in_tune": tune_finished(root),
             "reached_s": {str(k): round(v, 2) for k, v in reached.items()}}
 
 
@@ -689,7 +699,7 @@ def sweep_killed(args, root: Path, server: MLflowServer, store: Store, monitor: 
             saved = monitor.store
             monitor.store = ref_store
             ref = run_driver(driver_cmd(spec, ref_server.uri, ref_root), ref_root, "reference.log",
-                             monitor, marks=(kill_at,))
+                             monitor, marks=(kill_at,), by_tune=args.kill_by == "tune")
             monitor.store = saved
             ref["second_part_s"] = round(ref["wall_s"] - ref["reached_s"].get(str(kill_at), 0.0), 2)
             ref["store"] = ref_store.count(n)
@@ -700,7 +710,7 @@ def sweep_killed(args, root: Path, server: MLflowServer, store: Store, monitor: 
                 ref_pg.stop()
     monitor.finished = 0
     first = run_driver(driver_cmd(spec, server.uri, root), root, "first.log", monitor,
-                       until=lambda done: done >= kill_at, marks=(1, kill_at))
+                       until=lambda done: done >= kill_at, marks=(1, kill_at), by_tune=args.kill_by == "tune")
     out["first"] = first
     out["resumed"] = run_driver(driver_cmd(spec, server.uri, root, "--resume"), root, "resumed.log",
                                 monitor, marks=(n,))
@@ -769,6 +779,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--kill-at", type=float, help="fraction of finished trials at which the driver is killed")
     parser.add_argument("--reference", action="store_true", help="--kill-at: an uninterrupted run first")
+    parser.add_argument("--kill-by", choices=["tune", "mlflow"], default="tune",
+                        help="--kill-at counts the trials Tune finished (default) or the FINISHED runs in MLflow")
     parser.add_argument("--outage-s", type=float, help="seconds the MLflow server stays down")
     parser.add_argument("--outage-at", type=float, default=0.3, help="fraction of finished trials")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver and the actors")
