@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from haepo_ray.sweep import results, tune_patches, tune_setup
+from haepo_ray.sweep import results, tune_private, tune_setup
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_name
 from haepo_ray.sweep.plan import Plan
@@ -160,8 +160,8 @@ def _fit(tuner):
     whole config, hundreds of RLlib keys, at start; the classic reporter shows the table of
     :func:`~haepo_ray.sweep.tune_setup.progress_reporter` instead) and without Tune's
     automatic loggers (the run's callbacks hold :func:`result_loggers`), and with the actors
-    Tune launches kept (:mod:`haepo_ray.sweep.tune_patches`)."""
-    tune_patches.apply()
+    Tune launches kept (:mod:`haepo_ray.sweep.tune_private`)."""
+    tune_private.apply()
     settings = {"RAY_AIR_NEW_OUTPUT": "0", _NO_AUTO_LOGGERS: "1"}
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
@@ -232,7 +232,7 @@ def run_sweep(
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
         callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder] \
-            + result_loggers()
+            + result_loggers() + [tune_private.ReleaseFinishedTrials()]
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 
         if resume:

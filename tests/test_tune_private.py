@@ -1,5 +1,6 @@
-"""Tune keeps the actors it launches: a cached actor never takes the trial of an actor that is
-already starting (whose start would be thrown away), and every trial still runs once."""
+"""In a sweep of short trials Tune keeps the actors it launches (a cached actor never takes the
+trial of an actor that is already starting, whose start would be thrown away), every trial
+still runs once, and a finished trial's running statistics are let go."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import io
 
 from ray.tune.execution.tune_controller import TuneController
 
-from haepo_ray.sweep import tune_patches
+from haepo_ray.sweep import tune_private
+from haepo_ray.sweep.results import TrialRecorder
 from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.runner import run_sweep
 
@@ -31,12 +33,20 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
     remove_actor = TuneController._remove_actor
 
     def recording_remove(self, tracked_actor, *args, **kwargs):
-        removed.append(tune_patches.launching(self, tracked_actor))
+        removed.append(tune_private.launching(self, tracked_actor))
         return remove_actor(self, tracked_actor, *args, **kwargs)
 
     monkeypatch.setattr(TuneController, "_remove_actor", recording_remove)
+    recorder = TrialRecorder()
     result = run_sweep(parse_plan(short_trials(), "short.yaml"), track=False, storage_path=str(tmp_path),
-                       out=io.StringIO(), verbose=0)
+                       out=io.StringIO(), verbose=0, extra_callbacks=[recorder])
     assert sorted(t.values["seed"] for t in result.trials) == list(range(TRIALS))
     assert all(t.status == "TERMINATED" and t.iterations == 1 for t in result.trials)
     assert removed and not any(removed), f"{sum(removed)} of {len(removed)} removed actors were starting"
+
+    for trial in recorder.trials:  # released: no deques, no second config; the statistics stay
+        assert trial.run_metadata.metric_n_steps == {}
+        assert trial.last_result["config"] is trial.config
+        assert trial.metric_analysis["training_iteration"]["last"] == 1
+        assert '"metric_n_steps": {}' in trial.run_metadata.get_json_state()
+    assert {r.metrics["config"]["seed"] for r in result.result_grid} == set(range(TRIALS))
