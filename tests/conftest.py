@@ -68,10 +68,12 @@ MODULE_SECONDS = {
     "test_llm_train.py": 60,
     "test_tracking.py": 40,
     "test_report.py": 40,
+    "test_tune_private.py": 30,  # alone 2026-11-25 15:48 UTC at load 12: 49 s (a 12-trial sweep)
     "test_provenance.py": 30,
     "test_cli.py": 25,
     "test_baselines.py": 20,
     "test_dashboards.py": 18,
+    "test_rllib_patches.py": 18,  # alone 2026-11-25 15:17 UTC: 20 s (two algorithm builds)
     "test_listwise.py": 17,
     "test_report_llm.py": 12,
     "test_sampling.py": 8,
