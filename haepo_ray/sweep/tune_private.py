@@ -13,9 +13,8 @@ actor goes to a pending trial whose actor still waits for resources (dropping th
 costs nothing): launched actors join the sweep instead of being thrown away.
 
 *A finished trial's running statistics are let go* (:class:`ReleaseFinishedTrials`, a
-callback). For
-every numeric result key Tune keeps deques of the last 5 and 10 values
-(``run_metadata.metric_n_steps``, 175 KB for a one-iteration HAEPO trial) and a copy of the
+callback). For every numeric result key Tune keeps deques of the last 5 and 10 values
+(``run_metadata.metric_n_steps``: 175 KB for a one-iteration HAEPO trial) and a copy of the
 trial's config in its last result (58 KB), besides a cached JSON of both (105 KB); the driver
 kept all of it for every finished trial.
 """
@@ -51,7 +50,6 @@ def apply() -> None:
 
     maybe_reuse_cached_actor.keeps_launching_actors = True
     TuneController._maybe_reuse_cached_actor = maybe_reuse_cached_actor
-
 
 
 class ReleaseFinishedTrials(Callback):
