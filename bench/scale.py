@@ -726,7 +726,7 @@ def sweep_killed(args, root: Path, server: MLflowServer, store: Store, monitor: 
 
 
 AB_KEYS = ("wall_s", "after_first_start_s", "driver_cpu_s", "total_cpu_s", "end_to_next_start_s",
-           "s_per_trial_per_slot")
+           "s_per_trial_per_slot", "rss_kb_per_trial")
 
 
 def ab(args) -> int:
@@ -749,6 +749,9 @@ def ab(args) -> int:
                    "end_to_next_start_s": rep["sweep"]["timeline"]["end_to_next_start_same_actor_s"],
                    "s_per_trial_per_slot": rep["timing"]["s_per_trial_per_slot"],
                    "store_ok": rep["store"]["ok"], "load": rep["load_before"],
+                   "rss_kb_per_trial": rep["driver_rss"]["growth_kb_per_finished_trial"],
+                   "actors": rep["sweep"]["timeline"].get("actors"),
+                   "mean_running": rep["sweep"]["timeline"].get("mean_running"),
                    "cpu_s": rep["cpu_s"]}
             runs[code].append(row)
             shutil.rmtree(out.parent, ignore_errors=True)
