@@ -22,7 +22,7 @@ from helpers import SMOKE, MLflowServer, check_sweep_in_mlflow, free_port
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from haepo_ray import tracking
+from haepo_ray import names, tracking
 from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.runner import run_sweep
 
@@ -181,6 +181,24 @@ def test_the_backlog_keeps_order_across_memory_and_file(tmp_path):
         backlog.popleft()
     with pytest.raises(ValueError, match="max_in_memory must be >= 1"):
         Backlog(None, 0)
+
+
+def test_the_backlog_gives_back_each_message_as_it_was_queued(tmp_path):
+    """Messages that hold one object twice (a StartRun's trial id is also its tag) come back
+    from the file equal, several read back at a time (10,000 one-iteration trials once came
+    back with other trials' ids in their tags)."""
+    from haepo_ray.tracking.backlog import Backlog
+
+    messages = []
+    for i in range(12):
+        trial_id = f"trial_{i:05d}"
+        messages.append(tracking.writer.StartRun(trial_id, f"trial {i}", {names.TRIAL_ID: trial_id}, {"lr": str(i)}))
+        messages.append(tracking.writer.Tags(trial_id, {names.NUM_FAILURES: "0", names.ERROR: trial_id}))
+    backlog = Backlog(str(tmp_path / "backlog.pkl"), max_in_memory=4)
+    for message in messages:
+        backlog.append(message)
+    assert backlog.in_file == len(messages) - 4
+    assert [backlog.popleft() for _ in range(len(messages))] == messages
 
 
 def test_an_outage_is_written_in_order_and_once_when_mlflow_is_back(tmp_path, caplog):

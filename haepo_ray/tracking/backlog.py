@@ -108,9 +108,12 @@ class Backlog:
         assert self._file is not None
         self._file.flush()
         self._file.seek(self._read_at)
-        unpickler = pickle.Unpickler(self._file)
-        unpickler.persistent_load = self._local.pop
         while self._in_file and len(self._memory) < self.max_in_memory:
+            # One unpickler per message, as one pickler wrote each: an unpickler's memo
+            # outlives load(), and the next message's back-references (an object it holds
+            # twice, e.g. a trial id that is also a tag) would resolve into the previous one.
+            unpickler = pickle.Unpickler(self._file)
+            unpickler.persistent_load = self._local.pop
             self._memory.append(unpickler.load())
             self._in_file -= 1
         self._read_at = self._file.tell()
