@@ -652,9 +652,8 @@ def run_driver(cmd: list[str], root: Path, log_name: str, monitor: Monitor, unti
         last_rss_mark = 0
         while proc.poll() is None:
             time.sleep(0.25)
-            done = monitor.finished = monitor.store.finished_children()
-            if by_tune:
-                done = tune_finished(root)
+            # (by_tune: no SQL here; a query can wait seconds on the server's writes)
+            done = monitor.finished = tune_finished(root) if by_tune else monitor.store.finished_children()
             for m in marks:
                 if m not in reached and done >= m:
                     reached[m] = time.perf_counter() - t
