@@ -1,17 +1,24 @@
 """In a sweep of short trials Tune keeps the actors it launches (a cached actor never takes the
 trial of an actor that is already starting, whose start would be thrown away), every trial
-still runs once, and a finished trial's running statistics are let go."""
+still runs once, and a finished trial's running statistics are let go. The experiment's folder
+gets each file whole or not at all, and a resume refuses a cut-short experiment state."""
 
 from __future__ import annotations
 
+import fnmatch
 import io
+import json
+import os
+import shutil
+from pathlib import Path
 
+import pytest
 from ray.tune.execution.tune_controller import TuneController
 
 from haepo_ray.sweep import tune_private
 from haepo_ray.sweep.results import TrialRecorder
 from haepo_ray.sweep.plan import parse_plan
-from haepo_ray.sweep.runner import run_sweep
+from haepo_ray.sweep.runner import SweepError, run_sweep
 
 TRIALS = 12
 
@@ -29,6 +36,9 @@ def short_trials() -> dict:
 
 
 def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp_path, monkeypatch):
+    synced = []  # files copied into the experiment's folder by each patched sync
+    sync_folder = tune_private.sync_folder
+    monkeypatch.setattr(tune_private, "sync_folder", lambda **kw: synced.append(sync_folder(**kw)) or synced[-1])
     removed = []  # for each actor Tune removed: was it starting?
     remove_actor = TuneController._remove_actor
 
@@ -50,3 +60,75 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
         assert trial.metric_analysis["training_iteration"]["last"] == 1
         assert '"metric_n_steps": {}' in trial.run_metadata.get_json_state()
     assert {r.metrics["config"]["seed"] for r in result.result_grid} == set(range(TRIALS))
+
+    # The experiment's folder was written by the patched copy, every trial's results whole in it.
+    assert synced and sum(synced) >= TRIALS
+    run_dir = Path(result.result_grid.experiment_path)
+    state = json.loads(next(run_dir.glob("experiment_state-*.json")).read_text())
+    assert len(state["trial_data"]) == TRIALS
+    rows = [json.loads(line) for f in run_dir.glob("*/result.json") for line in f.read_text().splitlines()]
+    assert sorted(row["config"]["seed"] for row in rows) == list(range(TRIALS))
+    assert not list(run_dir.rglob(".*.tmp"))
+
+    # A resume of a run whose newest experiment state is cut short is refused; nothing starts.
+    newest = max(run_dir.glob("experiment_state-*.json"))
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    folders = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(SweepError, match=r"cannot resume .*experiment_state-.*not whole JSON"):
+        run_sweep(parse_plan(short_trials(), "short.yaml"), track=False, storage_path=str(tmp_path),
+                  out=io.StringIO(), verbose=0, resume=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == folders
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_sync_folder_copies_what_changed_each_file_whole(tmp_path):
+    source, destination, copied = tmp_path / "staging", tmp_path / "experiment", {}
+    (source / "trial_0").mkdir(parents=True)
+    (source / "trial_1").mkdir()
+    (source / "experiment_state-1.json").write_text('{"trial_data": [1]}')
+    (source / "trial_0" / "result.json").write_text('{"i": 1}\n')
+    (source / ".0123-tmp-basic-variant-state-1.json").write_text("half")  # Tune's own temporary
+    assert tune_private.sync_folder(str(source), str(destination), copied) == 2
+    assert tree(destination) == {"experiment_state-1.json": b'{"trial_data": [1]}',
+                                 "trial_0/result.json": b'{"i": 1}\n'}
+    assert (destination / "trial_1").is_dir()
+    assert tune_private.sync_folder(str(source), str(destination), copied) == 0
+
+    with open(source / "trial_0" / "result.json", "a") as f:
+        f.write('{"i": 2}\n')
+    assert tune_private.sync_folder(str(source), str(destination), copied) == 1
+    assert tree(destination)["trial_0/result.json"] == b'{"i": 1}\n{"i": 2}\n'
+
+
+def test_a_copy_cut_short_leaves_the_old_file_and_nothing_tune_reads(tmp_path, monkeypatch):
+    source, destination, copied = tmp_path / "staging", tmp_path / "experiment", {}
+    source.mkdir()
+    state = source / "experiment_state-1.json"
+    state.write_text('{"trial_data": [1]}')
+    tune_private.sync_folder(str(source), str(destination), copied)
+    state.write_text('{"trial_data": [1, 2, 3]}')
+
+    def killed_halfway(src, dst):
+        Path(dst).write_bytes(Path(src).read_bytes()[:10])
+        raise KeyboardInterrupt  # the thread dies where a SIGKILL would stop it
+
+    monkeypatch.setattr(shutil, "copyfile", killed_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        tune_private.sync_folder(str(source), str(destination), copied)
+    assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1]}'
+    assert fnmatch.filter(os.listdir(destination), TuneController.CKPT_FILE_TMPL.format("*")) \
+        == ["experiment_state-1.json"]
+
+    def rewritten_meanwhile(src, dst):  # Tune's next save lands while the copy runs
+        Path(dst).write_bytes(Path(src).read_bytes())
+        Path(src).write_text('{"trial_data": [1, 2, 3, 4]}')
+
+    monkeypatch.setattr(shutil, "copyfile", rewritten_meanwhile)
+    assert tune_private.sync_folder(str(source), str(destination), copied) == 0
+    assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1]}'
+    monkeypatch.undo()
+    assert tune_private.sync_folder(str(source), str(destination), copied) == 1
+    assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1, 2, 3, 4]}'

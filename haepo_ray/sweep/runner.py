@@ -128,6 +128,21 @@ def _new_run_dir(root: str) -> tuple[str, str]:
     return name, f"{root}/{name}"
 
 
+def _check_restorable(run_dir: str) -> None:
+    """Refuses a run whose newest experiment state is cut short: Tune would log an error and
+    start every trial again, over the finished ones' results and MLflow runs."""
+    unreadable = tune_private.unreadable_state(run_dir)
+    if unreadable is None:
+        return
+    path, error = unreadable
+    raise SweepError(
+        f"cannot resume {run_dir}: Tune's experiment state {path} is not whole JSON ({error}); "
+        "its driver was killed while the file was copied (a sweep run before haepo-ray copied "
+        "it atomically). Ray Tune would start every trial again. Move that file away to resume "
+        "from an earlier experiment_state-*.json of the run if there is one, or run the sweep "
+        "anew without --resume (the finished trials' folders stay where they are)")
+
+
 def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: list):
     """The Tuner of an earlier run, with this run's callbacks. tuner.pkl holds the first
     run's callbacks (unstarted copies) and Ray 2.60 has no public way to replace them."""
@@ -217,6 +232,7 @@ def run_sweep(
             if run_dir is None:
                 raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
                                  "can restore (run it without --resume)")
+            _check_restorable(run_dir)
             name = run_dir.rstrip("/").rsplit("/", 1)[-1]
         else:
             name, run_dir = _new_run_dir(root)

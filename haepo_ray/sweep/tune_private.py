@@ -17,11 +17,26 @@ callback). For every numeric result key Tune keeps deques of the last 5 and 10 v
 (``run_metadata.metric_n_steps``: 175 KB for a one-iteration HAEPO trial) and a copy of the
 trial's config in its last result (58 KB), besides a cached JSON of both (105 KB); the driver
 kept all of it for every finished trial.
+
+*The experiment's folder is copied file by file, each whole or not at all* (:func:`apply`,
+:func:`sync_folder`). Tune writes its experiment state (every trial's state: about 80 KB per
+HAEPO trial) and the trials' result files into a staging folder on the driver and copies the
+whole staging folder into the experiment's folder in a background thread, every file each time
+and in place. A driver killed while it copied left a cut-short ``experiment_state-*.json``
+(80 MiB of 83 at 850 trials); on ``--resume`` Tune could not read it, logged an error and
+started every trial again from scratch, into the same MLflow runs. Patched, for a local (or
+NFS-mounted) experiment folder, a file is copied only when it changed since its last copy, into
+a temporary name beside it that Tune never reads, then renamed over the old one; a file that
+changed while it was copied waits for the next copy. :func:`unreadable_state` is what a resume
+checks first, for folders written before.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import shutil
 
 from ray.tune import Callback
 
@@ -34,7 +49,12 @@ def launching(controller, actor) -> bool:
 
 
 def apply() -> None:
-    """Installs the patch in this process, where Tune's controller runs (idempotent)."""
+    """Installs the patches in this process, where Tune's controller runs (idempotent)."""
+    _keep_launching_actors()
+    _copy_changed_files_whole()
+
+
+def _keep_launching_actors() -> None:
     from ray.tune.execution.tune_controller import TuneController
 
     original = TuneController._maybe_reuse_cached_actor
@@ -50,6 +70,88 @@ def apply() -> None:
 
     maybe_reuse_cached_actor.keeps_launching_actors = True
     TuneController._maybe_reuse_cached_actor = maybe_reuse_cached_actor
+
+
+# Per experiment folder: each file's (inode, size, mtime) in the staging folder when it was copied.
+_copied: dict[str, dict[str, tuple[int, ...]]] = {}
+
+
+def _copy_changed_files_whole() -> None:
+    import pyarrow.fs
+    from ray.train._internal.storage import _FilesystemSyncer
+
+    original = _FilesystemSyncer._sync_up_command
+    if getattr(original, "copies_whole_files", False):
+        return
+
+    @functools.wraps(original)
+    def sync_up_command(self, local_path, uri, exclude=None):
+        if exclude or not isinstance(self.storage_filesystem, pyarrow.fs.LocalFileSystem) \
+                or not os.path.isdir(local_path):
+            return original(self, local_path, uri, exclude)
+        return sync_folder, {"source": local_path, "destination": uri, "copied": _copied.setdefault(uri, {})}
+
+    sync_up_command.copies_whole_files = True
+    _FilesystemSyncer._sync_up_command = sync_up_command
+
+
+def _signature(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]]) -> int:
+    """Copies into ``destination`` each file under ``source`` that changed since ``copied``
+    says it was copied: into ``.<name>.tmp`` beside it, then renamed over it (a reader sees the
+    old file or the new one, never part of one); a file that changes while it is copied is left
+    for the next call, as are names starting with ``.`` (Tune's own temporary files). Folders
+    are made as they appear. Returns how many files it copied."""
+    count = 0
+    for folder, _, names in os.walk(source):
+        relative = os.path.relpath(folder, source)
+        target_folder = os.path.normpath(os.path.join(destination, relative))
+        if relative + os.sep not in copied:
+            os.makedirs(target_folder, exist_ok=True)
+            copied[relative + os.sep] = ()
+        for name in names:
+            path, key = os.path.join(folder, name), os.path.normpath(os.path.join(relative, name))
+            before = _signature(path)
+            if name.startswith(".") or before is None or copied.get(key) == before:
+                continue
+            temporary = os.path.join(target_folder, f".{name}.tmp")
+            try:
+                shutil.copyfile(path, temporary)
+            except FileNotFoundError:  # replaced meanwhile (an atomic save): the next call
+                continue
+            if _signature(path) != before:
+                os.unlink(temporary)
+                continue
+            os.replace(temporary, os.path.join(target_folder, name))
+            copied[key] = before
+            count += 1
+    return count
+
+
+def unreadable_state(run_dir: str) -> tuple[str, str] | None:
+    """(file, error) when the newest ``experiment_state-*.json`` in ``run_dir`` is not whole
+    JSON (Tune would not restore it and would start every trial again), else None."""
+    from ray.train._internal.storage import get_fs_and_path
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+
+    fs, path = get_fs_and_path(run_dir)
+    newest = _find_newest_experiment_checkpoint(path, fs=fs)
+    if newest is None:
+        return None
+    with fs.open_input_stream(newest) as stream:
+        text = stream.readall()
+    try:
+        json.loads(text)
+    except ValueError as error:
+        return newest, f"{error} (the file has {len(text):,} bytes)"
+    return None
 
 
 class ReleaseFinishedTrials(Callback):
