@@ -82,3 +82,5 @@ def resume_driver(args: list[str], monkeypatch, capfd) -> None:
     second = capfd.readouterr()
     assert code == 0, second.out[-3000:] + second.err[-3000:]
     assert "(resuming)" in second.out
+    assert "Restarting experiment" not in second.err, "Tune did not restore the run:\n" + second.err[-3000:]
+    assert "Failed to fetch metrics" not in second.err  # the trials not started before the kill

@@ -11,6 +11,7 @@ Where things go:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -148,8 +149,16 @@ def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: 
     run's callbacks (unstarted copies) and Ray 2.60 has no public way to replace them."""
     from ray import tune
 
-    tuner = tune.Tuner.restore(run_dir, trainable=trainable, param_space=param_space,
-                               resume_errored=True)
+    # Tune reads every trial's results as it restores and warns, one line each, of those with
+    # none: the trials that had not started, which a resume expects.
+    analysis_logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = analysis_logger.level
+    analysis_logger.setLevel(logging.ERROR)
+    try:
+        tuner = tune.Tuner.restore(run_dir, trainable=trainable, param_space=param_space,
+                                   resume_errored=True)
+    finally:
+        analysis_logger.setLevel(level)
     tuner._local_tuner.get_run_config().callbacks = callbacks
     return tuner
 

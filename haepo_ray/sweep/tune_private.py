@@ -107,10 +107,11 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
     """Copies into ``destination`` each file under ``source`` that changed since ``copied``
     says it was copied: into ``.<name>.tmp`` beside it, then renamed over it (a reader sees the
     old file or the new one, never part of one); a file that changes while it is copied is left
-    for the next call, as are names starting with ``.`` (Tune's own temporary files). Folders
-    are made as they appear. Returns how many files it copied."""
+    for the next call, as are names starting with ``.`` (Tune's own temporary files). The
+    trials' folders go first, the experiment state last: a state on disk never names results
+    that are not. Folders are made as they appear. Returns how many files it copied."""
     count = 0
-    for folder, _, names in os.walk(source):
+    for folder, _, names in os.walk(source, topdown=False):  # the trials' folders before the state
         relative = os.path.relpath(folder, source)
         target_folder = os.path.normpath(os.path.join(destination, relative))
         if relative + os.sep not in copied:
