@@ -74,7 +74,8 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
     newest = max(run_dir.glob("experiment_state-*.json"))
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
     folders = sorted(p.name for p in run_dir.iterdir())
-    with pytest.raises(SweepError, match=r"cannot resume .*experiment_state-.*not whole JSON"):
+    with pytest.raises(SweepError, match=r"cannot resume .*could not restore it from .*experiment_state-.*"
+                                          r"\(JSONDecodeError: "):
         run_sweep(parse_plan(short_trials(), "short.yaml"), track=False, storage_path=str(tmp_path),
                   out=io.StringIO(), verbose=0, resume=True)
     assert sorted(p.name for p in run_dir.iterdir()) == folders

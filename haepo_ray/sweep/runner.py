@@ -129,21 +129,6 @@ def _new_run_dir(root: str) -> tuple[str, str]:
     return name, f"{root}/{name}"
 
 
-def _check_restorable(run_dir: str) -> None:
-    """Refuses a run whose newest experiment state is cut short: Tune would log an error and
-    start every trial again, over the finished ones' results and MLflow runs."""
-    unreadable = tune_private.unreadable_state(run_dir)
-    if unreadable is None:
-        return
-    path, error = unreadable
-    raise SweepError(
-        f"cannot resume {run_dir}: Tune's experiment state {path} is not whole JSON ({error}); "
-        "its driver was killed while the file was copied (a sweep run before haepo-ray copied "
-        "it atomically). Ray Tune would start every trial again. Move that file away to resume "
-        "from an earlier experiment_state-*.json of the run if there is one, or run the sweep "
-        "anew without --resume (the finished trials' folders stay where they are)")
-
-
 def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: list):
     """The Tuner of an earlier run, with this run's callbacks. tuner.pkl holds the first
     run's callbacks (unstarted copies) and Ray 2.60 has no public way to replace them."""
@@ -183,14 +168,24 @@ def _fit(tuner):
     """``tuner.fit()`` with Tune's classic output (its newer output prints every trial's
     whole config, hundreds of RLlib keys, at start; the classic reporter shows the table of
     :func:`~haepo_ray.sweep.tune_setup.progress_reporter` instead) and without Tune's
-    automatic loggers (the run's callbacks hold :func:`result_loggers`), and with the actors
-    Tune launches kept (:mod:`haepo_ray.sweep.tune_private`)."""
+    automatic loggers (the run's callbacks hold :func:`result_loggers`), and with the patches
+    of :mod:`haepo_ray.sweep.tune_private` (the actors Tune launches kept, the experiment's
+    folder copied file by file whole, a run that cannot be restored a :class:`SweepError`)."""
     tune_private.apply()
     settings = {"RAY_AIR_NEW_OUTPUT": "0", _NO_AUTO_LOGGERS: "1"}
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
         return tuner.fit()
+    except tune_private.RestoreFailed as failed:
+        path, state, error = failed.args
+        raise SweepError(
+            f"cannot resume {path}: Ray Tune could not restore it from {state} "
+            f"({type(error).__name__}: {error}), and would start every trial again. A state file "
+            "that is not whole JSON was cut short by a kill while Tune copied it (sweeps run "
+            "before haepo-ray copied it whole): move it away to resume from an earlier "
+            "experiment_state-*.json of the run, if there is one. Otherwise fix what the error "
+            "names, or run the sweep anew without --resume") from error
     finally:
         for key, value in saved.items():
             if value is None:
@@ -241,7 +236,6 @@ def run_sweep(
             if run_dir is None:
                 raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
                                  "can restore (run it without --resume)")
-            _check_restorable(run_dir)
             name = run_dir.rstrip("/").rsplit("/", 1)[-1]
         else:
             name, run_dir = _new_run_dir(root)

@@ -27,14 +27,18 @@ and in place. A driver killed while it copied left a cut-short ``experiment_stat
 started every trial again from scratch, into the same MLflow runs. Patched, for a local (or
 NFS-mounted) experiment folder, a file is copied only when it changed since its last copy, into
 a temporary name beside it that Tune never reads, then renamed over the old one; a file that
-changed while it was copied waits for the next copy. :func:`unreadable_state` is what a resume
-checks first, for folders written before.
+changed while it was copied waits for the next copy.
+
+*A run that cannot be restored is not started again* (:class:`RestoreFailed`). When
+``TuneController.resume`` fails (a cut-short state from before the patch above, a trainable
+that no longer unpickles), Tune logs the error and starts every trial again from scratch, into
+the folder and MLflow runs of the trials that had finished. Patched, the error reaches
+``haepo sweep --resume``, which stops with it.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 
@@ -52,6 +56,7 @@ def apply() -> None:
     """Installs the patches in this process, where Tune's controller runs (idempotent)."""
     _keep_launching_actors()
     _copy_changed_files_whole()
+    _fail_restores_loudly()
 
 
 def _keep_launching_actors() -> None:
@@ -136,23 +141,32 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
     return count
 
 
-def unreadable_state(run_dir: str) -> tuple[str, str] | None:
-    """(file, error) when the newest ``experiment_state-*.json`` in ``run_dir`` is not whole
-    JSON (Tune would not restore it and would start every trial again), else None."""
-    from ray.train._internal.storage import get_fs_and_path
-    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+class RestoreFailed(BaseException):
+    """Tune could not restore the run it was asked to resume (``args``: the experiment's path,
+    its newest experiment-state file, the error). A ``BaseException``: ``TuneController``'s
+    constructor catches every ``Exception`` of its restore, logs it and starts every trial again."""
 
-    fs, path = get_fs_and_path(run_dir)
-    newest = _find_newest_experiment_checkpoint(path, fs=fs)
-    if newest is None:
-        return None
-    with fs.open_input_stream(newest) as stream:
-        text = stream.readall()
-    try:
-        json.loads(text)
-    except ValueError as error:
-        return newest, f"{error} (the file has {len(text):,} bytes)"
-    return None
+
+def _fail_restores_loudly() -> None:
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+    from ray.tune.execution.tune_controller import TuneController
+
+    original = TuneController.resume
+    if getattr(original, "fails_loudly", False):
+        return
+
+    @functools.wraps(original)
+    def resume(self, resume_config):
+        try:
+            return original(self, resume_config)
+        except Exception as error:
+            storage = self._storage
+            newest = _find_newest_experiment_checkpoint(storage.experiment_fs_path,
+                                                        fs=storage.storage_filesystem)
+            raise RestoreFailed(storage.experiment_fs_path, newest, error) from error
+
+    resume.fails_loudly = True
+    TuneController.resume = resume
 
 
 class ReleaseFinishedTrials(Callback):
