@@ -77,8 +77,8 @@ def _keep_launching_actors() -> None:
     TuneController._maybe_reuse_cached_actor = maybe_reuse_cached_actor
 
 
-# Per experiment folder: each file's (inode, size, mtime) in the staging folder when it was copied.
-_copied: dict[str, dict[str, tuple[int, ...]]] = {}
+# Per (staging folder, experiment folder): each file's (inode, size, mtime) when it was copied.
+_copied: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {}
 
 
 def _copy_changed_files_whole() -> None:
@@ -94,7 +94,7 @@ def _copy_changed_files_whole() -> None:
         if exclude or not isinstance(self.storage_filesystem, pyarrow.fs.LocalFileSystem) \
                 or not os.path.isdir(local_path):
             return original(self, local_path, uri, exclude)
-        return sync_folder, {"source": local_path, "destination": uri, "copied": _copied.setdefault(uri, {})}
+        return sync_folder, {"source": local_path, "destination": uri, "copied": _copied.setdefault((local_path, uri), {})}
 
     sync_up_command.copies_whole_files = True
     _FilesystemSyncer._sync_up_command = sync_up_command
