@@ -11,7 +11,6 @@ Where things go:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -130,20 +129,15 @@ def _new_run_dir(root: str) -> tuple[str, str]:
 
 
 def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: list):
-    """The Tuner of an earlier run, with this run's callbacks. tuner.pkl holds the first
-    run's callbacks (unstarted copies) and Ray 2.60 has no public way to replace them."""
+    """The Tuner of an earlier run, with this run's callbacks (tuner.pkl holds the first
+    run's callbacks, unstarted copies, and Ray 2.60 has no public way to replace them), and
+    without the analysis of every trial's results that Tune would read first
+    (:func:`~haepo_ray.sweep.tune_private.restoring_without_analysis`)."""
     from ray import tune
 
-    # Tune reads every trial's results as it restores and warns, one line each, of those with
-    # none: the trials that had not started, which a resume expects.
-    analysis_logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
-    level = analysis_logger.level
-    analysis_logger.setLevel(logging.ERROR)
-    try:
+    with tune_private.restoring_without_analysis():
         tuner = tune.Tuner.restore(run_dir, trainable=trainable, param_space=param_space,
                                    resume_errored=True)
-    finally:
-        analysis_logger.setLevel(level)
     tuner._local_tuner.get_run_config().callbacks = callbacks
     return tuner
 

@@ -1,6 +1,6 @@
 """Every private Ray Tune 2.60 attribute the sweep uses, each with its reason; a Ray upgrade is
-checked here. Both serve sweeps of many short trials, on the driver, where Tune's controller
-runs.
+checked here. Each serves sweeps of many trials, or their resume, on the driver, where Tune's
+controller runs.
 
 *Launched actors are kept* (:func:`apply`). ``TuneController._maybe_reuse_cached_actor``
 hands a pending trial a cached actor (one whose trial ended) and removes the actor that was
@@ -29,6 +29,12 @@ NFS-mounted) experiment folder, a file is copied only when it changed since its 
 a temporary name beside it that Tune never reads, then renamed over the old one; a file that
 changed while it was copied waits for the next copy.
 
+*A resume does not read every trial's results first* (:func:`restoring_without_analysis`).
+``Tuner.restore`` builds an ``ExperimentAnalysis`` for ``Tuner.get_results`` before a fit: it
+parses the experiment state and reads every trial's ``result.json`` into a DataFrame (10.5 s
+and 760 MB at 1,000 one-iteration trials), and warns once per trial that has none (each trial
+not started before the kill). A sweep fits at once, and the fit builds its own.
+
 *A run that cannot be restored is not started again* (:class:`RestoreFailed`). When
 ``TuneController.resume`` fails (a cut-short state from before the patch above, a trainable
 that no longer unpickles), Tune logs the error and starts every trial again from scratch, into
@@ -38,6 +44,7 @@ the folder and MLflow runs of the trials that had finished. Patched, the error r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -139,6 +146,24 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
             copied[key] = before
             count += 1
     return count
+
+
+@contextlib.contextmanager
+def restoring_without_analysis():
+    """Within it, ``Tuner.restore`` leaves its ``ExperimentAnalysis`` out (as it does when
+    building one fails)."""
+    from ray.tune.impl import tuner_internal
+
+    original = tuner_internal.ExperimentAnalysis
+
+    def not_built(*args, **kwargs):
+        raise RuntimeError("left out: the sweep fits at once")
+
+    tuner_internal.ExperimentAnalysis = not_built
+    try:
+        yield
+    finally:
+        tuner_internal.ExperimentAnalysis = original
 
 
 class RestoreFailed(BaseException):
