@@ -101,7 +101,8 @@ def _copy_changed_files_whole() -> None:
         if exclude or not isinstance(self.storage_filesystem, pyarrow.fs.LocalFileSystem) \
                 or not os.path.isdir(local_path):
             return original(self, local_path, uri, exclude)
-        return sync_folder, {"source": local_path, "destination": uri, "copied": _copied.setdefault((local_path, uri), {})}
+        copied = _copied.setdefault((local_path, uri), {})
+        return sync_folder, {"source": local_path, "destination": uri, "copied": copied}
 
     sync_up_command.copies_whole_files = True
     _FilesystemSyncer._sync_up_command = sync_up_command
@@ -130,9 +131,11 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
             os.makedirs(target_folder, exist_ok=True)
             copied[relative + os.sep] = ()
         for name in names:
+            if name.startswith("."):
+                continue
             path, key = os.path.join(folder, name), os.path.normpath(os.path.join(relative, name))
             before = _signature(path)
-            if name.startswith(".") or before is None or copied.get(key) == before:
+            if before is None or copied.get(key) == before:
                 continue
             temporary = os.path.join(target_folder, f".{name}.tmp")
             try:
