@@ -1,5 +1,5 @@
 """A reused trial actor's reset (``SweepTrainable.reset_config``: stop one algorithm, build the
-next trial's), timed inside Tune's actors, with and without :mod:`haepo_ray.rllib_patches`.
+next trial's), timed inside Tune's actors, with and without the optional RLlib patch of :mod:`haepo_ray.upstream.rllib`.
 Results: BENCHMARKS.md, "Sweeps of thousands of trials".
 
     python bench/trial_reset.py                       # unpatched, patched, twice each
@@ -31,11 +31,10 @@ from scale import spec_data  # noqa: E402
 
 def timing_hook() -> None:
     """In each Ray worker: time ``reset_config``; ``HAEPO_BENCH_UNPATCHED`` turns the patches off."""
-    from haepo_ray import rllib_patches
     from haepo_ray.sweep import trainable
 
     if os.environ.get("HAEPO_BENCH_UNPATCHED"):
-        rllib_patches.apply = lambda: None
+        os.environ["HAEPO_PATCHES"] = "required"  # the optional patches left out
     reset_config = trainable.SweepTrainable.reset_config
 
     def timed(self, config):

@@ -37,7 +37,6 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from haepo_ray import rllib_patches
 from haepo_ray.callbacks import EpisodeInfoMetrics
 from haepo_ray.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
@@ -45,6 +44,7 @@ from haepo_ray.learner import TRAINING_ITERATION
 from haepo_ray.loss import NORMALIZATIONS
 from haepo_ray.metrics import MetricsExporter
 from haepo_ray.schedules import ScheduleSpec, parse_schedule
+from haepo_ray.upstream import rllib as rllib_internals
 
 REFERENCE_POLICIES = ("lagged", "initial", "behavior")
 
@@ -113,40 +113,40 @@ class HAEPOConfig(AlgorithmConfig):
         super().validate()
         m = self.episodes_per_batch
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            self._value_error(f"HAEPO: episodes_per_batch must be an integer >= 1, got {m!r}")
+            rllib_internals.config_error(self, f"HAEPO: episodes_per_batch must be an integer >= 1, got {m!r}")
         for name in ("beta_ent", "beta_kl"):
             try:
                 parse_schedule(name, getattr(self, name))
             except ValueError as err:
-                self._value_error(f"HAEPO: {err}")
+                rllib_internals.config_error(self, f"HAEPO: {err}")
         if self.reward_normalization not in NORMALIZATIONS:
-            self._value_error(
+            rllib_internals.config_error(self, 
                 f"HAEPO: reward_normalization must be one of {NORMALIZATIONS}, "
                 f"got {self.reward_normalization!r}"
             )
         if self.reference_policy not in REFERENCE_POLICIES:
-            self._value_error(
+            rllib_internals.config_error(self, 
                 f"HAEPO: reference_policy must be one of {REFERENCE_POLICIES}, "
                 f"got {self.reference_policy!r}"
             )
         n = self.reference_update_interval
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            self._value_error(f"HAEPO: reference_update_interval must be an integer >= 1, got {n!r}")
+            rllib_internals.config_error(self, f"HAEPO: reference_update_interval must be an integer >= 1, got {n!r}")
         if self.minibatch_size is not None:
-            self._value_error(
+            rllib_internals.config_error(self, 
                 "HAEPO: minibatch_size must be None; every gradient step uses all "
                 f"episodes of the batch (got {self.minibatch_size!r})"
             )
         if self.batch_mode != "complete_episodes":
-            self._value_error(f"HAEPO: batch_mode must be 'complete_episodes', got {self.batch_mode!r}")
+            rllib_internals.config_error(self, f"HAEPO: batch_mode must be 'complete_episodes', got {self.batch_mode!r}")
         if self.num_learners > self.episodes_per_batch:
-            self._value_error(
+            rllib_internals.config_error(self, 
                 f"HAEPO: num_learners ({self.num_learners}) must be <= episodes_per_batch "
                 f"({self.episodes_per_batch}): every learner needs at least one whole episode"
             )
         recurrent = [key for key in ("use_lstm", "use_attention") if self.model_config.get(key)]
         if recurrent:
-            self._value_error(
+            rllib_internals.config_error(self, 
                 f"HAEPO: model_config {recurrent[0]}=True makes a stateful (recurrent) RLModule, "
                 "which HAEPO does not support (its loss sums log-probabilities over flat "
                 "timesteps, not zero-padded sequences); use a stateless model"
@@ -212,7 +212,6 @@ class HAEPO(Algorithm):
 
     def setup(self, config: AlgorithmConfig) -> None:
         register_with_ray()
-        rllib_patches.apply()  # before the env runner and learner build their connectors
         super().setup(config)
         self._metrics_exporter = MetricsExporter()
 

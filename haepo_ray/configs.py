@@ -14,6 +14,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from haepo_ray.registry import algorithm_class
+from haepo_ray.upstream import rllib as rllib_internals
 
 BATCH_SIZE_ALIAS = "batch_size"
 
@@ -76,7 +77,7 @@ def apply_settings(config: AlgorithmConfig, settings: Mapping[str, Any]) -> Algo
     if model_config is not None:
         if not isinstance(model_config, Mapping):
             raise ValueError(f"model_config must be a mapping, got {model_config!r}")
-        user = config._model_config if isinstance(config._model_config, dict) else {}
+        user = rllib_internals.model_config(config)
         config.rl_module(model_config={**user, **model_config})
     config.update_from_dict(values)
     return config

@@ -33,25 +33,26 @@ import gymnasium as gym
 import numpy as np
 from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core.columns import Columns
-from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from haepo_ray.sampling import lean, rllib_private, rounds, seeding
+from haepo_ray.sampling import lean, rounds, seeding
+from haepo_ray.upstream import rllib as rllib_internals
+from haepo_ray.upstream.tune import registered_env_creator
 
 RNG_STATE = "haepo_rng_state"
 VECTOR_ENTRY_POINT = gym.VectorizeMode.VECTOR_ENTRY_POINT.value
 logger = logging.getLogger(__name__)
 
 
-class IndependentSeedsEnvRunner(SingleAgentEnvRunner):
+class IndependentSeedsEnvRunner(rllib_internals.SamplingHooks):
     """RLlib's SingleAgentEnvRunner with an independent seed per random stream
     (:func:`haepo_ray.sampling.seeding.independent_seeds`)."""
 
     def __init__(self, *, config, **kwargs: Any):
         super().__init__(config=config, **kwargs)
-        if rllib_private.seeds(self) is not None and self.env is not None:
-            rllib_private.set_seeds(self, seeding.independent_seeds(
+        if rllib_internals.seeds(self) is not None and self.env is not None:
+            rllib_internals.set_seeds(self, seeding.independent_seeds(
                 self.env.unwrapped, config.seed, self.worker_index or 0, config.in_evaluation
             ))
 
@@ -60,7 +61,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
     """A SingleAgentEnvRunner that samples unbiased complete episodes and seeds its envs once."""
 
     def make_env(self) -> None:
-        fits = lean.config_blocker(self.config, rllib_private.callback_objects(self)) is None
+        fits = lean.config_blocker(self.config, rllib_internals.callback_objects(self)) is None
         if (fits and self.config.gym_env_vectorize_mode == gym.VectorizeMode.SYNC.value
                 and offers_vector_entry_point(self.config.env)):
             self.config.gym_env_vectorize_mode = VECTOR_ENTRY_POINT  # this runner's own copy
@@ -82,34 +83,34 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
             wrappers, num_episodes, lambda k: super(HAEPOEnvRunner, self).sample(*args, num_episodes=k, **kwargs)
         )
 
-    def _sample(self, *, num_episodes: int | None = None, explore: bool,
-                random_actions: bool = False, **kwargs: Any):
+    def sample_loop(self, *, num_episodes: int | None = None, explore: bool,
+                    random_actions: bool = False, **kwargs: Any):
         if num_episodes is None or random_actions or self._lean_path_blocker() is not None:
-            episodes = super()._sample(num_episodes=num_episodes, explore=explore,
-                                       random_actions=random_actions, **kwargs)
+            episodes = super().sample_loop(num_episodes=num_episodes, explore=explore,
+                                           random_actions=random_actions, **kwargs)
         else:
             episodes = self._sample_lean(num_episodes, explore)
-        rllib_private.set_seeds(self, None)  # seeded once; later resets continue the streams
+        rllib_internals.set_seeds(self, None)  # seeded once; later resets continue the streams
         return episodes
 
     def _lean_path_blocker(self) -> str | None:
         """Why this runner must sample through RLlib's loop, or None if the lean path fits."""
-        return (lean.config_blocker(self.config, rllib_private.callback_objects(self))
+        return (lean.config_blocker(self.config, rllib_internals.callback_objects(self))
                 or lean.env_blocker(self.env.unwrapped, self.module))
 
     def _sample_lean(self, num_episodes: int, explore: bool) -> list[SingleAgentEpisode]:
         policy = lean.BatchedPolicy(
-            self.module, explore=explore, device=rllib_private.device(self),
+            self.module, explore=explore, device=rllib_internals.device(self),
             action_space=self.env.single_action_space,
             normalize_actions=self.config.normalize_actions, clip_actions=self.config.clip_actions,
         )
         with policy.sampling():
             trajectories = lean.run_episodes(
                 self.env.unwrapped, policy, num_episodes,
-                seed=rllib_private.seeds(self), t0=self.num_env_steps_sampled_lifetime,
+                seed=rllib_internals.seeds(self), t0=self.num_env_steps_sampled_lifetime,
             )
         episodes = [self._to_episode(trajectory) for trajectory in trajectories]
-        rllib_private.record_sampled(self, episodes, sum(len(e) for e in episodes))
+        rllib_internals.record_sampled(self, episodes, sum(len(e) for e in episodes))
         return episodes
 
     def _to_episode(self, trajectory: lean.Trajectory) -> SingleAgentEpisode:
@@ -123,17 +124,17 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
             extra_model_outputs={
                 Columns.ACTION_LOGP: column(trajectory.logp),
                 Columns.ACTION_DIST_INPUTS: column(trajectory.dist_inputs),
-                WEIGHTS_SEQ_NO: column(np.full(len(trajectory.actions), rllib_private.weights_seq_no(self))),
+                WEIGHTS_SEQ_NO: column(np.full(len(trajectory.actions), rllib_internals.weights_seq_no(self))),
             },
             observation_space=self.env.single_observation_space,
             action_space=self.env.single_action_space,
             len_lookback_buffer=0,
             t_started=0,
         )
-        rllib_private.set_episode_times(episode, trajectory.start_time, time.perf_counter())
+        rllib_internals.set_episode_times(episode, trajectory.start_time, time.perf_counter())
         make_callback(
             "on_episode_end",
-            callbacks_objects=rllib_private.callback_objects(self),
+            callbacks_objects=rllib_internals.callback_objects(self),
             callbacks_functions=self.config.callbacks_on_episode_end,
             kwargs=dict(episode=episode, env_runner=self, metrics_logger=self.metrics,
                         env=self.env.unwrapped, rl_module=self.module, env_index=trajectory.env_index,
@@ -141,14 +142,14 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
         )
         return episode
 
-    def _increase_sampled_metrics(self, num_steps: int, num_episodes_completed: int) -> int:
+    def count_sampled(self, num_steps: int, num_episodes_completed: int) -> int:
         parked = rounds.take_parked_steps(rounds.round_wrappers(self.env.unwrapped))
-        return super()._increase_sampled_metrics(num_steps - parked, num_episodes_completed)
+        return super().count_sampled(num_steps - parked, num_episodes_completed)
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         state = super().get_state(*args, **kwargs)
         if self.env is not None:
-            rng = seeding.rng_state(self.env.unwrapped, rllib_private.seeds(self) is None, self.worker_index)
+            rng = seeding.rng_state(self.env.unwrapped, rllib_internals.seeds(self) is None, self.worker_index)
             if rng is not None:
                 state[RNG_STATE] = rng
         return state
@@ -158,7 +159,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
         if self.env is not None and seeding.restore_rng_state(
             self.env.unwrapped, state.get(RNG_STATE), self.worker_index
         ):
-            rllib_private.set_seeds(self, None)
+            rllib_internals.set_seeds(self, None)
 
 
 def offers_vector_entry_point(env: Any) -> bool:
@@ -168,7 +169,7 @@ def offers_vector_entry_point(env: Any) -> bool:
     own, :func:`haepo_ray.envs.register_with_ray`)."""
     if not isinstance(env, str):
         return False
-    creator = rllib_private.registered_env_creator(env)
+    creator = registered_env_creator(env)
     if creator is not None:
         return getattr(creator, "vector_cls", None) is not None
     return env in gym.registry and gym.spec(env).vector_entry_point is not None

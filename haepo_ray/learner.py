@@ -16,6 +16,7 @@ from haepo_ray.connectors import EPISODE_INDEX, EPISODE_RETURN, AddEpisodeIndexA
 from haepo_ray.listwise import LossOutput, Shard, gather_episodes, listwise_loss
 from haepo_ray.loss import haepo_loss, trajectory_log_likelihood
 from haepo_ray.schedules import parse_schedule
+from haepo_ray.upstream import rllib as rllib_internals
 
 if TYPE_CHECKING:
     from haepo_ray.algorithm import HAEPOConfig
@@ -93,7 +94,7 @@ class HAEPOTorchLearner(TorchLearner):
         super().build()
         cfg: HAEPOConfig = self.config
         if cfg.add_default_connectors_to_learner_pipeline:
-            self._learner_connector.prepend(AddEpisodeIndexAndReturn(gamma=cfg.gamma))
+            rllib_internals.learner_connector(self).prepend(AddEpisodeIndexAndReturn(gamma=cfg.gamma))
         self._beta_ent = parse_schedule("beta_ent", cfg.beta_ent)
         self._beta_kl = parse_schedule("beta_kl", cfg.beta_kl)
         self._env_steps = 0
@@ -243,7 +244,7 @@ class HAEPOTorchLearner(TorchLearner):
         """Learner state; the reference only where asked for (checkpoints), not in the
         ``rl_module`` weights that ``sync_weights`` sends to the env runners every iteration."""
         state = super().get_state(components, not_components=not_components, **kwargs)
-        if self._check_component(REFERENCE_STATE, components, not_components):
+        if rllib_internals.wants_component(self, REFERENCE_STATE, components, not_components):
             state[REFERENCE_STATE] = {
                 "num_updates": self._num_updates,
                 "refreshed_at": self._refreshed_at,

@@ -15,7 +15,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
+
+from haepo_ray.upstream.torch import is_fake  # checks of values are skipped on the memory simulator's tensors
 
 Normalization = Literal["zscore", "sum", "none"]
 NORMALIZATIONS: tuple[str, ...] = ("zscore", "sum", "none")
@@ -32,12 +33,6 @@ __all__ = [
     "trajectory_log_likelihood",
     "weight_kl",
 ]
-
-
-def is_fake(x: Tensor) -> bool:
-    """True for a tensor without values (``FakeTensorMode``, the memory simulator's): checks of
-    values cannot run on it and are skipped; they run on every real tensor."""
-    return isinstance(x, FakeTensor)
 
 
 def _check_finite(name: str, x: Tensor) -> None:

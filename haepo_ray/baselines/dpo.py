@@ -37,6 +37,7 @@ from torch import Tensor
 from haepo_ray.algorithm import HAEPO, HAEPOConfig
 from haepo_ray.baselines.losses import dpo_loss
 from haepo_ray.learner import EpisodeBatch, HAEPOTorchLearner
+from haepo_ray.upstream import rllib as rllib_internals
 
 __all__ = ["DPO", "DPOConfig", "DPOTorchLearner"]
 
@@ -62,10 +63,10 @@ class DPOConfig(HAEPOConfig):
         super().validate()
         beta = self.dpo_beta
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < math.inf:
-            self._value_error(f"DPO: dpo_beta must be a finite number > 0, got {beta!r}")
+            rllib_internals.config_error(self, f"DPO: dpo_beta must be a finite number > 0, got {beta!r}")
         for name in ("beta_ent", "beta_kl"):
             if getattr(self, name) != 0:
-                self._value_error(
+                rllib_internals.config_error(self, 
                     f"DPO: {name} must be 0, got {getattr(self, name)!r}; DPO has no entropy "
                     "or KL term (dpo_beta sets its pull towards the reference policy)"
                 )

@@ -47,6 +47,7 @@ from haepo_ray.baselines.losses import grpo_loss
 from haepo_ray.learner import EpisodeBatch, HAEPOTorchLearner
 from haepo_ray.listwise import all_reduce_sum
 from haepo_ray.loss import normalize_returns
+from haepo_ray.upstream import rllib as rllib_internals
 
 __all__ = ["GRPO", "GRPOConfig", "GRPOTorchLearner"]
 
@@ -72,10 +73,10 @@ class GRPOConfig(HAEPOConfig):
         super().validate()
         eps = self.clip_param
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            self._value_error(f"GRPO: clip_param must be a number in (0, 1), got {eps!r}")
+            rllib_internals.config_error(self, f"GRPO: clip_param must be a number in (0, 1), got {eps!r}")
         n = self.num_epochs
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            self._value_error(f"GRPO: num_epochs must be an integer >= 1, got {n!r}")
+            rllib_internals.config_error(self, f"GRPO: num_epochs must be an integer >= 1, got {n!r}")
 
     def get_default_learner_class(self) -> type:
         return GRPOTorchLearner

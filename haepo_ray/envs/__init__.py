@@ -82,9 +82,9 @@ class _Creator:
 
 def check_env_id(env_id: str) -> None:
     """Raise ``ValueError`` unless ``env_id`` is a gymnasium or Ray Tune env."""
-    from ray.tune.registry import ENV_CREATOR, _global_registry
+    from haepo_ray.upstream.tune import registered_env_creator
 
-    if env_id in gym.registry or _global_registry.contains(ENV_CREATOR, env_id):
+    if env_id in gym.registry or registered_env_creator(env_id) is not None:
         return
     raise ValueError(
         f"unknown env {env_id!r}: not a registered gymnasium id or Ray Tune env "
@@ -94,10 +94,11 @@ def check_env_id(env_id: str) -> None:
 
 def make_env(env_id: str, env_config: dict | None = None) -> gym.Env:
     """One env as a trial would make it: Ray Tune's env registry first, then gymnasium."""
-    from ray.tune.registry import ENV_CREATOR, _global_registry
+    from haepo_ray.upstream.tune import registered_env_creator
 
-    if _global_registry.contains(ENV_CREATOR, env_id):
-        return _global_registry.get(ENV_CREATOR, env_id)(dict(env_config or {}))
+    creator = registered_env_creator(env_id)
+    if creator is not None:
+        return creator(dict(env_config or {}))
     return gym.make(env_id, **dict(env_config or {}))
 
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
-from haepo_ray.tracking import mlflow_private
+from haepo_ray.upstream import mlflow as mlflow_internals
 
 History = dict[int, float]  # step -> value
 Histories = dict[str, dict[str, History]]  # run id -> metric key -> its history
@@ -63,7 +63,7 @@ def sql_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     """One query of the ``metrics`` table per :data:`SQL_RUNS` runs."""
     from mlflow.store.tracking.dbmodels.models import SqlMetric
 
-    store, out = mlflow_private.store(client), defaultdict(dict)
+    store, out = mlflow_internals.store(client), defaultdict(dict)
     run_ids = list(wanted)
     for start in range(0, len(run_ids), SQL_RUNS):
         chunk = run_ids[start:start + SQL_RUNS]
@@ -85,7 +85,7 @@ def sql_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
 def http_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     """Per metric key, one bulk request per :data:`HTTP_RUNS` runs that logged it; a run whose
     values of one key alone fill a response is read with ``get_metric_history``."""
-    creds, out = mlflow_private.store(client).get_host_creds(), defaultdict(dict)
+    creds, out = mlflow_internals.store(client).get_host_creds(), defaultdict(dict)
     runs_of: dict[str, list[str]] = defaultdict(list)
     for run_id, keys in wanted.items():
         for key in keys:

@@ -6,6 +6,5 @@
   one batched forward pass per step;
 - :mod:`~haepo_ray.sampling.rounds`: the round sampler, unbiased episodes through RLlib's
   own loop where the lean path does not fit;
-- :mod:`~haepo_ray.sampling.rllib_private`: every private RLlib attribute these use, with
-  the reason.
+every private RLlib name they use is in :mod:`haepo_ray.upstream.rllib`, with its reason.
 """

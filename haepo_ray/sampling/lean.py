@@ -35,7 +35,8 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
 
-from haepo_ray.sampling import rllib_private
+from haepo_ray.upstream import rllib as rllib_internals
+from haepo_ray.upstream.torch import default_validate_args
 
 PER_STEP_HOOKS = ("on_episode_created", "on_episode_start", "on_episode_step")
 
@@ -44,7 +45,7 @@ def config_blocker(config, callbacks: list) -> str | None:
     """Why the config rules the lean path out (before env and module exist), or None."""
     if config.is_multi_agent:
         return "multi-agent"
-    if rllib_private.custom_connectors(config):
+    if rllib_internals.custom_connectors(config):
         return "custom connectors"
     if any(getattr(config, f"callbacks_{hook}") is not None for hook in PER_STEP_HOOKS) or any(
         getattr(type(cb), hook) is not getattr(RLlibCallback, hook) for cb in callbacks for hook in PER_STEP_HOOKS
@@ -98,7 +99,7 @@ class BatchedPolicy:
     def __init__(self, module, *, explore: bool, device, action_space: gym.Space,
                  normalize_actions: bool, clip_actions: bool):
         self.module, self.explore, self.device = module, explore, device
-        self.forward = rllib_private.forward_pass(module, explore)
+        self.forward = rllib_internals.forward_pass(module, explore)
         self.dist_cls = (module.get_exploration_action_dist_cls() if explore
                          else module.get_inference_action_dist_cls())
         # RLlib's NormalizeAndClipActions, which changes Box actions only
@@ -113,7 +114,7 @@ class BatchedPolicy:
     def sampling(self):
         """For one batch: eval mode, no gradients, no distribution argument checks; the
         module's mode and torch's default (a class attribute, no public getter) restored."""
-        was_training, validate = self.module.training, torch.distributions.Distribution._validate_args
+        was_training, validate = self.module.training, default_validate_args()
         self.module.eval()
         torch.distributions.Distribution.set_default_validate_args(False)
         try:

@@ -26,11 +26,12 @@ def planned_trials(plan: Plan) -> list[PlannedTrial] | None:
     spec = plan.spec
     if spec.search.algorithm == "optuna":
         return None
-    from ray.tune.search.sample import _BackwardsCompatibleNumpyRng
     from ray.tune.search.variant_generator import generate_variants
 
+    from haepo_ray.upstream.tune import variant_rng
+
     # What BasicVariantGenerator does: the whole config, in its order, one random state.
-    rng = _BackwardsCompatibleNumpyRng(spec.search.seed)
+    rng = variant_rng(spec.search.seed)
     keys = {name: plan.search_keys[name] for name in spec.search_space}
     trials: list[PlannedTrial] = []
     for _ in range(spec.search.num_samples):

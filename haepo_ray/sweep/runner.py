@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from haepo_ray.sweep import results, tune_private, tune_setup
+from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_name
 from haepo_ray.sweep.plan import Plan
 from haepo_ray.sweep.spec import SweepSpec
+from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.uris import is_uri
 
 RUN_INFO_FILE = "haepo_sweep.json"
@@ -130,21 +131,15 @@ def _new_run_dir(root: str) -> tuple[str, str]:
 
 def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: list):
     """The Tuner of an earlier run, with this run's callbacks (tuner.pkl holds the first
-    run's callbacks, unstarted copies, and Ray 2.60 has no public way to replace them), and
-    without the analysis of every trial's results that Tune would read first
-    (:func:`~haepo_ray.sweep.tune_private.restoring_without_analysis`)."""
+    run's callbacks, unstarted copies), and without the analysis of every trial's results that
+    Tune would read first (:func:`~haepo_ray.upstream.tune.restoring_without_analysis`)."""
     from ray import tune
 
-    with tune_private.restoring_without_analysis():
+    with tune_internals.restoring_without_analysis():
         tuner = tune.Tuner.restore(run_dir, trainable=trainable, param_space=param_space,
                                    resume_errored=True)
-    tuner._local_tuner.get_run_config().callbacks = callbacks
+    tune_internals.set_restored_callbacks(tuner, callbacks)
     return tuner
-
-
-# Tune adds a CSV, a JSON and a TensorBoard logger to every run unless this is "1"; the sweep
-# passes the JSON one itself (:func:`result_loggers`).
-_NO_AUTO_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 
 
 def result_loggers() -> list:
@@ -163,15 +158,15 @@ def _fit(tuner):
     whole config, hundreds of RLlib keys, at start; the classic reporter shows the table of
     :func:`~haepo_ray.sweep.tune_setup.progress_reporter` instead) and without Tune's
     automatic loggers (the run's callbacks hold :func:`result_loggers`), and with the patches
-    of :mod:`haepo_ray.sweep.tune_private` (the actors Tune launches kept, the experiment's
+    of :mod:`haepo_ray.upstream.tune` (the actors Tune launches kept, the experiment's
     folder copied file by file whole, a run that cannot be restored a :class:`SweepError`)."""
-    tune_private.apply()
-    settings = {"RAY_AIR_NEW_OUTPUT": "0", _NO_AUTO_LOGGERS: "1"}
+    tune_internals.apply()
+    settings = tune_internals.CLASSIC_OUTPUT
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
         return tuner.fit()
-    except tune_private.RestoreFailed as failed:
+    except tune_internals.RestoreFailed as failed:
         path, state, error = failed.args
         raise SweepError(
             f"cannot resume {path}: Ray Tune could not restore it from {state} "
@@ -245,7 +240,7 @@ def run_sweep(
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
         callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder] \
-            + result_loggers() + [tune_private.ReleaseFinishedTrials()]
+            + result_loggers() + tune_internals.sweep_callbacks()
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 
         if resume:

@@ -29,7 +29,12 @@ that names the file, the key and what is allowed. The format::
       type: fifo                   # asha: max_t, grace_period, reduction_factor (iterations)
                                    # pbt: perturbation_interval, mutations ({lr: {loguniform:
                                    # [..]}, beta_ent: ..., beta_kl: ...}), quantile_fraction,
-                                   # resample_probability, seed
+                                   # resample_probability, seed, synch (false: each trial
+                                   # exploits when it reaches the interval, against what the
+                                   # others reported so far; true: once every trial has
+                                   # reached it, the whole population at once, trials that
+                                   # wait paused: every interval exploits the lower quantile
+                                   # whatever the timing, at the cost of waiting)
     metric: env_runners/episode_return_mean   # any key of the result, "/"-nested
     mode: max                      # max or min
     stop:                          # any criterion that is met stops the trial (>=)
@@ -222,6 +227,7 @@ class PBTScheduler(_Model):
     quantile_fraction: float = Field(0.25, gt=0, le=0.5)
     resample_probability: float = Field(0.25, ge=0, le=1)
     seed: int | None = None
+    synch: bool = Field(False, description="exploit once every trial reached the interval (Tune's synchronous PBT)")
 
     @field_validator("mutations")
     @classmethod

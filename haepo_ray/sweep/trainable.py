@@ -32,7 +32,8 @@ from typing import Any
 from ray import tune
 from ray.tune.result import RESULT_DUPLICATE
 
-from haepo_ray import rllib_patches
+from haepo_ray.upstream import rllib as rllib_internals
+from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.names import CARRIED_OVER, PROVENANCE
 from haepo_ray.provenance import provenance
 
@@ -55,12 +56,12 @@ class SweepTrainable(tune.Trainable):
         # No utilisation monitor in the inner algorithm: only Trainable.train() reports its
         # data (this trainable's own monitor fills perf/ in the results), and stopping it
         # joins its thread, up to 0.7 s per trial.
-        rllib_patches.apply()  # any algorithm's connectors (RLlib's PPO's too) build cheaper
-        return self.algo_cls(config={**config, "log_sys_usage": False}, storage=self._storage)
+        rllib_internals.CONNECTORS_WITHOUT_SOURCE.apply()  # any algorithm's connectors (RLlib's PPO's too) build cheaper
+        return self.algo_cls(config={**config, "log_sys_usage": False}, storage=tune_internals.trial_storage(self))
 
     def step(self) -> dict[str, Any]:
         # Algorithm.step() reads its own iteration counter (evaluation intervals).
-        self.algo._iteration = self.iteration
+        rllib_internals.set_iteration(self.algo, self.iteration)
         return self.algo.step()
 
     def train(self) -> dict[str, Any]:
@@ -87,7 +88,7 @@ class SweepTrainable(tune.Trainable):
         return result
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        self.algo._iteration = self.iteration
+        rllib_internals.set_iteration(self.algo, self.iteration)
         self.algo.save_checkpoint(checkpoint_dir)
         with open(os.path.join(checkpoint_dir, CARRIED_FILE), "w") as f:
             json.dump({"value": self._last_metric}, f)  # NaN as JSON's NaN

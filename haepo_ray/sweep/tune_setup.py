@@ -54,6 +54,7 @@ def scheduler(plan: Plan):
             hyperparam_mutations=plan.mutations,
             quantile_fraction=s.quantile_fraction,
             resample_probability=s.resample_probability,
+            synch=s.synch,
         )
     return FIFOScheduler()
 

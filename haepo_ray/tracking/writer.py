@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from haepo_ray import names
-from haepo_ray.tracking import mlflow_private
+from haepo_ray.upstream import mlflow as mlflow_internals
 from haepo_ray.tracking.backlog import DEFAULT_MAX_IN_MEMORY, Backlog
 from haepo_ray.tracking.logged import LoggedSteps, highest_steps
 from haepo_ray.tracking.queries import find_trial_run
@@ -478,7 +478,7 @@ class MLflowWriter:
         if msg.checkpoint is not None:
             self._log_checkpoint(msg.trial_id, run_id, msg.checkpoint, msg.root_files)
         self._call("status", msg.trial_id, f"status {msg.status}",
-                   lambda: mlflow_private.set_terminated(self.client, run_id, msg.status))
+                   lambda: mlflow_internals.set_terminated(self.client, run_id, msg.status))
 
     def _log_checkpoint(self, trial_id: str, run_id: str, checkpoint, root_files: tuple[str, ...]) -> None:
         path = getattr(checkpoint, "path", None)

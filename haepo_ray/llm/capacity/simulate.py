@@ -36,13 +36,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from haepo_ray.llm.capacity.replay import ReplayedStats
 from haepo_ray.llm.capacity.steps import PHASES, RL_PHASES, Shapes, group_sampling, run_steps
 from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
 from haepo_ray.llm.rollout import sampling_kwargs, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
+from haepo_ray.upstream.torch import efficient_attention, fake_mode, flash_attention
+from haepo_ray.upstream.transformers import logits_processors
 
 __all__ = ["TARGETS", "StepEstimate", "simulate"]
 
@@ -89,15 +90,13 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
         key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256:
-        return torch.ops.aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        return flash_attention(query, key, value, dropout_p, is_causal, scale)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~attn_mask, float("-inf"))
     if attn_mask is not None:
         attn_mask = attn_mask.expand(*query.shape[:-2], query.shape[-2], key.shape[-2])
-    return torch.ops.aten._scaled_dot_product_efficient_attention(
-        query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
+    return efficient_attention(query, key, value, attn_mask, grad, dropout_p, is_causal, scale)
 
 
 @contextlib.contextmanager
@@ -111,18 +110,6 @@ def _attention(target: str) -> Iterator[None]:
         yield
     finally:
         torch.nn.functional.scaled_dot_product_attention = original
-
-
-def _fake_mode() -> FakeTensorMode:
-    """A ``FakeTensorMode`` whose converter keeps no weak reference to the tensors it makes.
-
-    ``Module._apply`` (``.to()``, as peft calls it on every new adapter) swaps a fake
-    parameter for its converted self, which a weak reference forbids; the converter memoises
-    the fake tensor of each fresh meta tensor, a memo that is never read for these (their meta
-    tensor is gone once made). A private method, overridden on this instance only."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    mode.fake_tensor_converter.set_tensor_memo = lambda tensor, fake: None
-    return mode
 
 
 @contextlib.contextmanager
@@ -149,26 +136,6 @@ def _tracked_cache(model: Any, tracker: LiveBytes) -> Any:
     return TrackedCache(config=model.config)
 
 
-def _logits_processors(model: Any, sampling: dict[str, Any], prompt_ids: torch.Tensor) -> Any:
-    """The logits processors transformers' ``generate`` makes for ``sampling``
-    (:func:`~haepo_ray.llm.rollout.sampling_kwargs`): its own private builders, called as
-    ``generate`` calls them, since each processor's tensors count."""
-    from transformers import LogitsProcessorList
-
-    config, model_kwargs = model._prepare_generation_config(None, **sampling_kwargs(**sampling))
-    model._prepare_special_tokens(config, True, device=prompt_ids.device, batch_size=len(prompt_ids))
-    # min_new_tokens becomes a min_length (and max_new_tokens a max_length) as in generate
-    config = model._prepare_generated_length(
-        generation_config=config, has_default_max_length=model.generation_config.max_length is None,
-        has_default_min_length=model.generation_config.min_length is None, model_input_name="input_ids",
-        input_ids_length=prompt_ids.shape[1], inputs_tensor=prompt_ids)
-    # (encoder_input_ids only serve encoder processors, which a decoder-only trial has not; they
-    # are checked by value)
-    return model._get_logits_processor(generation_config=config, input_ids_seq_length=prompt_ids.shape[1],
-                                       encoder_input_ids=None, logits_processor=LogitsProcessorList(),
-                                       device=prompt_ids.device, model_kwargs=model_kwargs)
-
-
 @torch.no_grad()
 def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracker: LiveBytes) -> None:
     """One group's sampling with the KV cache, as the module docstring says: each step as
@@ -178,7 +145,7 @@ def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracke
     sampling = group_sampling(model, settings)
     cache = _tracked_cache(model, tracker)
     loop = SimpleNamespace(input_ids=torch.zeros(rows, prompt_tokens, dtype=torch.long))  # the rows so far
-    processors = _logits_processors(model, sampling, loop.input_ids)
+    processors = logits_processors(model, sampling_kwargs(**sampling), loop.input_ids)
     unfinished = torch.ones(rows, dtype=torch.long)
 
     def step(ids: torch.Tensor) -> None:
@@ -221,7 +188,7 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
     settings = dataclasses.replace(settings, device="cpu")
     tracker = LiveBytes(TARGETS[target])
-    with _quiet(), _fake_mode(), _attention(target), tracker:
+    with _quiet(), fake_mode(), _attention(target), tracker:
         with tracker.category("parameters"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
         parameters = sum(p.numel() for p in model.parameters())

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
+
+from haepo_ray.upstream.torch import TorchDispatchMode, flop_key, in_backward, tree_flatten
 
 __all__ = ["CATEGORIES", "KERNEL_TEMPORARIES", "LiveBytes", "PhasePeak", "Watermark"]
 
@@ -226,7 +226,7 @@ class LiveBytes(TorchDispatchMode):
             return self._forced
         if self._in_optimizer:
             return "optimizer"
-        if torch._C._current_graph_task_id() != -1:  # inside autograd's backward
+        if in_backward():
             return "temporaries"
         return "activations"
 
@@ -234,7 +234,7 @@ class LiveBytes(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self._marks:
-            count = flop_registry.get(func._overloadpacket)
+            count = flop_registry.get(flop_key(func))
             if count is not None:
                 self.add_flops(count(*args, **kwargs, out_val=out))
         category = self._current_category()

@@ -1,8 +1,9 @@
-"""Every private Ray Tune 2.60 attribute the sweep uses, each with its reason; a Ray upgrade is
-checked here. Each serves sweeps of many trials, or their resume, on the driver, where Tune's
-controller runs.
+"""Every private name of Ray Tune 2.60 (and of the Ray Train storage under it) that haepo-ray
+uses, each with its reason; a Ray upgrade is checked here (:data:`INTERNALS`, :data:`PATCHES`).
+The patches serve sweeps of many trials, or their resume, on the driver, where Tune's
+controller runs; :func:`apply` installs them, from the sweep runner only.
 
-*Launched actors are kept* (:func:`apply`). ``TuneController._maybe_reuse_cached_actor``
+*Launched actors are kept* (optional: speed). ``TuneController._maybe_reuse_cached_actor``
 hands a pending trial a cached actor (one whose trial ended) and removes the actor that was
 being started for that trial. When trials are shorter than an actor's start (a one-iteration
 trial: 0.1 s; a start: seconds of importing Ray, RLlib and PyTorch), every actor Tune launches
@@ -13,12 +14,12 @@ actor goes to a pending trial whose actor still waits for resources (dropping th
 costs nothing): launched actors join the sweep instead of being thrown away.
 
 *A finished trial's running statistics are let go* (:class:`ReleaseFinishedTrials`, a
-callback). For every numeric result key Tune keeps deques of the last 5 and 10 values
+callback; optional: memory). For every numeric result key Tune keeps deques of the last 5 and 10 values
 (``run_metadata.metric_n_steps``: 175 KB for a one-iteration HAEPO trial) and a copy of the
 trial's config in its last result (58 KB), besides a cached JSON of both (105 KB); the driver
 kept all of it for every finished trial.
 
-*The experiment's folder is copied file by file, each whole or not at all* (:func:`apply`,
+*The experiment's folder is copied file by file, each whole or not at all* (required,
 :func:`sync_folder`). Tune writes its experiment state (every trial's state: about 80 KB per
 HAEPO trial) and the trials' result files into a staging folder on the driver and copies the
 whole staging folder into the experiment's folder in a background thread, every file each time
@@ -29,17 +30,35 @@ NFS-mounted) experiment folder, a file is copied only when it changed since its 
 a temporary name beside it that Tune never reads, then renamed over the old one; a file that
 changed while it was copied waits for the next copy.
 
-*A resume does not read every trial's results first* (:func:`restoring_without_analysis`).
+*A resume does not read every trial's results first* (:func:`restoring_without_analysis`;
+optional: speed and memory).
 ``Tuner.restore`` builds an ``ExperimentAnalysis`` for ``Tuner.get_results`` before a fit: it
 parses the experiment state and reads every trial's ``result.json`` into a DataFrame (10.5 s
 and 760 MB at 1,000 one-iteration trials), and warns once per trial that has none (each trial
 not started before the kill). A sweep fits at once, and the fit builds its own.
 
-*A run that cannot be restored is not started again* (:class:`RestoreFailed`). When
+*A run that cannot be restored is not started again* (:class:`RestoreFailed`; required). When
 ``TuneController.resume`` fails (a cut-short state from before the patch above, a trainable
 that no longer unpickles), Tune logs the error and starts every trial again from scratch, into
 the folder and MLflow runs of the trials that had finished. Patched, the error reaches
 ``haepo sweep --resume``, which stops with it.
+
+Read, not patched:
+
+- ``Tuner._local_tuner`` (:func:`set_restored_callbacks`): ``tuner.pkl`` holds the first run's
+  callbacks (unstarted copies), and Ray 2.60 has no public way to give a restored ``Tuner``
+  this run's.
+- ``Trainable._storage`` (:func:`trial_storage`): the trial's storage context, which an RLlib
+  ``Algorithm`` built inside the trial shares (no stray ``~/ray_results``).
+- ``ray.tune.search.sample._BackwardsCompatibleNumpyRng`` (:func:`variant_rng`): the random
+  state ``BasicVariantGenerator`` draws a grid/random search's trials with; ``--dry-run``
+  reproduces them.
+- ``ray.tune.registry._global_registry`` (:func:`registered_env_creator`): Ray has no public
+  lookup of a registered env; RLlib consults the same registry in ``make_env``.
+- ``RAY_AIR_NEW_OUTPUT=0`` (:data:`CLASSIC_OUTPUT`): Tune's newer console output prints every
+  trial's whole config (hundreds of RLlib keys) at start; the classic reporter shows the sweep's
+  table. ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``: Tune adds a CSV, a JSON and a TensorBoard
+  logger to every run unless it is set; the sweep passes the JSON one itself.
 """
 
 from __future__ import annotations
@@ -51,6 +70,10 @@ import shutil
 
 from ray.tune import Callback
 
+from haepo_ray.upstream.declared import Internal, Patch
+
+TESTED = ("2.60.0",)  # the Ray versions the patches were written and tested for
+
 
 def launching(controller, actor) -> bool:
     """``actor`` has its resources and its process (Ray's actor manager holds it live) and
@@ -59,11 +82,10 @@ def launching(controller, actor) -> bool:
             and actor not in controller._started_actors)
 
 
-def apply() -> None:
-    """Installs the patches in this process, where Tune's controller runs (idempotent)."""
-    _keep_launching_actors()
-    _copy_changed_files_whole()
-    _fail_restores_loudly()
+def apply() -> list[str]:
+    """Installs the wanted :data:`PATCHES` in this process, where Tune's controller runs
+    (idempotent), each checked against its tested versions; returns the names installed."""
+    return [patch.name for patch in PATCHES if patch.apply()]
 
 
 def _keep_launching_actors() -> None:
@@ -154,8 +176,12 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
 @contextlib.contextmanager
 def restoring_without_analysis():
     """Within it, ``Tuner.restore`` leaves its ``ExperimentAnalysis`` out (as it does when
-    building one fails)."""
+    building one fails), unless ``HAEPO_PATCHES=required``."""
     from ray.tune.impl import tuner_internal
+
+    if not ANALYSIS_LEFT_OUT.apply():
+        yield
+        return
 
     original = tuner_internal.ExperimentAnalysis
 
@@ -210,6 +236,11 @@ class ReleaseFinishedTrials(Callback):
         release(trial)
 
 
+def sweep_callbacks() -> list[Callback]:
+    """The callbacks of the wanted optional patches: :class:`ReleaseFinishedTrials`."""
+    return [ReleaseFinishedTrials()] if FINISHED_TRIALS_RELEASED.apply() else []
+
+
 def release(trial) -> None:
     """See :class:`ReleaseFinishedTrials`."""
     metadata = trial.run_metadata
@@ -217,3 +248,68 @@ def release(trial) -> None:
     last = metadata.last_result
     if isinstance(last, dict) and "config" in last and last["config"] == trial.config:
         metadata.last_result = {**last, "config": trial.config}
+
+
+def set_restored_callbacks(tuner, callbacks: list) -> None:
+    """Gives a ``Tuner.restore``-d tuner this run's ``callbacks`` (``Tuner._local_tuner``)."""
+    tuner._local_tuner.get_run_config().callbacks = callbacks
+
+
+def trial_storage(trainable):
+    """``Trainable._storage``: the trial's ``StorageContext``."""
+    return trainable._storage
+
+
+def variant_rng(seed: int | None):
+    """The random state ``BasicVariantGenerator`` draws a search's trials with."""
+    from ray.tune.search.sample import _BackwardsCompatibleNumpyRng
+
+    return _BackwardsCompatibleNumpyRng(seed)
+
+
+def registered_env_creator(env_id: str):
+    """The creator of a Ray-registered env (``ray.tune.registry._global_registry``), or None."""
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    return _global_registry.get(ENV_CREATOR, env_id) if _global_registry.contains(ENV_CREATOR, env_id) else None
+
+
+# Environment variables a sweep sets around ``tuner.fit()`` (the module docstring says why).
+CLASSIC_OUTPUT = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+
+ACTORS_KEPT = Patch("keep launching actors", "ray", TESTED, optional=True, install=_keep_launching_actors)
+FILES_COPIED_WHOLE = Patch("copy the experiment folder's files whole", "ray", TESTED, optional=False,
+                           install=_copy_changed_files_whole)
+RESTORES_FAIL_LOUDLY = Patch("fail restores loudly", "ray", TESTED, optional=False, install=_fail_restores_loudly)
+ANALYSIS_LEFT_OUT = Patch("restore without the analysis", "ray", TESTED, optional=True, install=lambda: None)
+FINISHED_TRIALS_RELEASED = Patch("release finished trials", "ray", TESTED, optional=True, install=lambda: None)
+PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY)
+
+_CONTROLLER = "ray.tune.execution.tune_controller:TuneController"
+INTERNALS = (
+    Internal(_CONTROLLER, "_maybe_reuse_cached_actor", "patched: launched actors are kept", ("self", "trial")),
+    Internal(_CONTROLLER, "resume", "patched: a failed restore is raised", ("self", "resume_config")),
+    Internal(_CONTROLLER, "_actor_manager", "read: the actors that are live", kind="instance"),
+    Internal("ray.air.execution._internal.actor_manager:RayActorManager", "_live_actors_to_ray_actors_resources",
+             "read: the actors that are live", kind="instance"),
+    Internal(_CONTROLLER, "_started_actors", "read: the actors whose constructor returned", kind="instance"),
+    Internal(_CONTROLLER, "_trial_to_actor", "read: a trial's actor", kind="instance"),
+    Internal(_CONTROLLER, "_resetting_trials", "read: trials whose actor is being reset", kind="instance"),
+    Internal(_CONTROLLER, "_storage", "read: the experiment's storage, for a failed restore's message", kind="instance"),
+    Internal("ray.train._internal.storage", "_FilesystemSyncer", "patched: its sync command"),
+    Internal("ray.train._internal.storage:_FilesystemSyncer", "_sync_up_command", "patched: files copied whole",
+             ("self", "local_path", "uri", "exclude")),
+    Internal("ray.train._internal.storage:_FilesystemSyncer", "storage_filesystem", "read: local or not", kind="instance"),
+    Internal("ray.tune.execution.experiment_state", "_find_newest_experiment_checkpoint",
+             "read: the state file a failed restore names", ("experiment_path", "fs")),
+    Internal("ray.tune.impl.tuner_internal", "ExperimentAnalysis", "swapped during a restore: not built"),
+    Internal("ray.tune.experiment.trial:Trial", "run_metadata", "written: a finished trial's deques let go", kind="instance"),
+    Internal("ray.tune.trainable.metadata:_TrainingRunMetadata", "metric_n_steps", "written: let go", kind="instance"),
+    Internal("ray.tune:Tuner", "_local_tuner", "read: a restored tuner's run config", kind="instance"),
+    Internal("ray.tune:Trainable", "_storage", "read: the trial's storage context", kind="instance"),
+    Internal("ray.tune.search.sample", "_BackwardsCompatibleNumpyRng", "called: the search's random state",
+             ("generator_or_seed",)),
+    Internal("ray.tune.registry", "_global_registry", "read: Ray-registered envs"),
+    Internal("ray.tune.experimental.output", "RAY_AIR_NEW_OUTPUT", "set: Tune's classic output", kind="env"),
+    Internal("ray.tune.utils.callback", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "set: no automatic loggers", kind="env"),
+)

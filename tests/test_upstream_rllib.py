@@ -1,16 +1,16 @@
-"""The RLlib patches change nothing but cost: the same frames, the same recorded connector
-arguments, and they are in place once an algorithm is built."""
+"""The RLlib patch changes nothing but cost: the same frames, the same recorded connector
+arguments; the sweep's trainable installs it, building ``HAEPO`` as a library does not."""
 
 from __future__ import annotations
 
 import inspect
 
-from haepo_ray import rllib_patches
+from haepo_ray.upstream import rllib as rllib_internals
 from haepo_ray.algorithm import HAEPOConfig
 
 
 def _frames_both_ways():
-    return inspect.stack(), rllib_patches.caller_frames()  # one line: the same line number
+    return inspect.stack(), rllib_internals.caller_frames()  # one line: the same line number
 
 
 def test_caller_frames_are_inspect_stacks_frames():
@@ -38,12 +38,12 @@ def test_connectors_record_the_same_arguments_with_and_without_the_patch(ray_ses
     config = (HAEPOConfig().environment("haepo/ChainMDP-v0").env_runners(num_env_runners=0)
               .training(episodes_per_batch=4).rl_module(model_config={"fcnet_hiddens": [8]}))
     monkeypatch.setattr(connector_v2, "inspect", inspect)
-    monkeypatch.setattr(rllib_patches, "apply", lambda: None)
     unpatched = config.build_algo()
-    monkeypatch.undo()
+    assert connector_v2.inspect is inspect  # building HAEPO as a library patches nothing
+    assert rllib_internals.CONNECTORS_WITHOUT_SOURCE.apply()
     patched = config.build_algo()
     try:
-        assert isinstance(connector_v2.inspect, rllib_patches._InspectWithoutSource)
+        assert isinstance(connector_v2.inspect, rllib_internals.InspectWithoutSource)
         expected = _connector_args(unpatched)
         assert len(expected) >= 8
         assert _connector_args(patched) == expected

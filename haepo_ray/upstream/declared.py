@@ -1,0 +1,112 @@
+"""What the fence declares: each private upstream name it uses (:class:`Internal`) and each
+patch it installs (:class:`Patch`), with the versions a patch was written and tested for.
+
+Imports no upstream library: the fence's modules import theirs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["PATCHES_SETTING", "Internal", "Patch", "UpstreamVersionError"]
+
+# "all" (the default): every patch; "required": only those a sweep's correctness needs (the
+# optional ones only save time or memory).
+PATCHES_SETTING = "HAEPO_PATCHES"
+
+
+@dataclass(frozen=True)
+class Internal:
+    """A private upstream name the fence reads, writes, overrides or patches.
+
+    ``owner`` is ``"module"`` or ``"module:Class"``; ``name`` is an attribute of it, or, with
+    ``kind="instance"``, an attribute its instances get (``self.<name>`` in the class's or a
+    base's source), or, with ``kind="env"``, an environment variable the module reads.
+    ``params``, where given, are the parameter names of its signature, in order, as the fence
+    calls or overrides it.
+    """
+
+    owner: str
+    name: str
+    reason: str
+    params: tuple[str, ...] | None = None
+    kind: str = "attribute"  # "attribute", "instance" or "env"
+
+    def problem(self) -> str | None:
+        """None when the installed library still has the name as expected, else what changed."""
+        module_name, _, qualname = self.owner.partition(":")
+        try:
+            owner = importlib.import_module(module_name)
+        except ImportError as error:
+            return f"{module_name} does not import: {error}"
+        for part in filter(None, qualname.split(".")):
+            owner = getattr(owner, part, None)
+            if owner is None:
+                return f"{self.owner} is gone"
+        if self.kind == "env":
+            return None if self.name in inspect.getsource(owner) else f"{self.owner} no longer reads {self.name}"
+        if self.kind == "instance":
+            for cls in owner.__mro__:
+                try:
+                    if re.search(rf"self\.{re.escape(self.name)}\b", inspect.getsource(cls)):
+                        return None
+                except (OSError, TypeError):
+                    continue
+            return f"instances of {self.owner} no longer get {self.name}"
+        if not hasattr(owner, self.name):
+            return f"{self.owner}.{self.name} is gone"
+        if self.params is not None:
+            found = tuple(inspect.signature(getattr(owner, self.name)).parameters)
+            if found != self.params:
+                return f"{self.owner}.{self.name} takes {found}, expected {self.params}"
+        return None
+
+
+class UpstreamVersionError(RuntimeError):
+    """A patch met a version of its library it was not tested for."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A change of an upstream library's behaviour, installed by ``install`` (idempotent).
+    ``optional``: it only saves time or memory (measured in its module's docstring), and
+    ``HAEPO_PATCHES=required`` leaves it out."""
+
+    name: str
+    library: str  # the distribution whose version it was tested with
+    tested: tuple[str, ...]
+    optional: bool
+    install: Callable[[], None]
+
+    def check(self) -> None:
+        """Raises :class:`UpstreamVersionError` unless the installed library is a tested version."""
+        installed = importlib.metadata.version(self.library)
+        if installed in self.tested:
+            return
+        hint = (f"set {PATCHES_SETTING}=required to run without this optional patch"
+                if self.optional else "this patch is required for a correct sweep")
+        raise UpstreamVersionError(
+            f"haepo-ray's patch {self.name!r} was written and tested for {self.library} "
+            f"{' / '.join(self.tested)}, and {self.library} {installed} is installed. Install the "
+            f"locked versions (`make setup`, requirements/), or {hint}.")
+
+    def wanted(self) -> bool:
+        setting = os.environ.get(PATCHES_SETTING, "all")
+        if setting not in ("all", "required"):
+            raise ValueError(f"{PATCHES_SETTING} must be 'all' or 'required', got {setting!r}")
+        return not (self.optional and setting == "required")
+
+    def apply(self) -> bool:
+        """Checks the version and installs the patch unless the setting leaves it out;
+        returns whether it is installed."""
+        if not self.wanted():
+            return False
+        self.check()
+        self.install()
+        return True
