@@ -29,14 +29,18 @@ def test_another_version_is_refused_with_the_patch_the_versions_and_the_setting(
 
 
 def test_the_setting_leaves_out_only_the_optional_patches(monkeypatch):
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.61.0")
     monkeypatch.setenv(PATCHES_SETTING, "required")
-    assert tune_internals.ACTORS_KEPT.apply() is False  # left out, so not checked
-    assert tune_internals.sweep_callbacks() == []
-    with pytest.raises(UpstreamVersionError):
-        tune_internals.apply()  # the required ones are still checked
-    monkeypatch.setenv(PATCHES_SETTING, "some")
-    with pytest.raises(ValueError, match=f"{PATCHES_SETTING} must be 'all' or 'required'"):
+    with monkeypatch.context() as faked:
+        faked.setattr(importlib.metadata, "version", lambda name: "2.61.0")
+        assert tune_internals.ACTORS_KEPT.apply() is False  # left out, so not checked
+        assert tune_internals.sweep_callbacks() == []
+        with pytest.raises(UpstreamVersionError):
+            tune_internals.apply()  # the required ones are still checked
+    monkeypatch.setenv(PATCHES_SETTING, "release")  # the required ones and the one named
+    assert [type(c).__name__ for c in tune_internals.sweep_callbacks()] == ["ReleaseFinishedTrials"]
+    assert tune_internals.ACTORS_KEPT.wanted() is False
+    monkeypatch.setenv(PATCHES_SETTING, "release,some")
+    with pytest.raises(ValueError, match=r"\['some'\] unknown; it takes 'all', 'required' or optional patches by key"):
         tune_internals.ACTORS_KEPT.apply()
 
 

@@ -17,8 +17,15 @@ from dataclasses import dataclass
 __all__ = ["PATCHES_SETTING", "Internal", "Patch", "UpstreamVersionError"]
 
 # "all" (the default): every patch; "required": only those a sweep's correctness needs (the
-# optional ones only save time or memory).
+# optional ones only save time or memory); or the required ones and the optional ones named,
+# comma-separated, by their keys (:data:`OPTIONAL`), e.g. "connectors,actors".
 PATCHES_SETTING = "HAEPO_PATCHES"
+OPTIONAL = {
+    "actors": "Tune keeps the trial actors it launches (upstream/tune.py)",
+    "release": "Tune lets go of a finished trial's running statistics (upstream/tune.py)",
+    "analysis": "a resume reads no trial's results before the fit (upstream/tune.py)",
+    "connectors": "RLlib builds connectors without reading source files (upstream/rllib.py)",
+}
 
 
 @dataclass(frozen=True)
@@ -75,14 +82,22 @@ class UpstreamVersionError(RuntimeError):
 @dataclass(frozen=True)
 class Patch:
     """A change of an upstream library's behaviour, installed by ``install`` (idempotent).
-    ``optional``: it only saves time or memory (measured in its module's docstring), and
-    ``HAEPO_PATCHES=required`` leaves it out."""
+    An optional patch (``key`` in :data:`OPTIONAL`) only saves time or memory (measured in its
+    module's docstring), and ``HAEPO_PATCHES`` can leave it out."""
 
     name: str
     library: str  # the distribution whose version it was tested with
     tested: tuple[str, ...]
-    optional: bool
+    key: str | None  # None: required
     install: Callable[[], None]
+
+    def __post_init__(self) -> None:
+        if self.key is not None and self.key not in OPTIONAL:
+            raise ValueError(f"patch {self.name!r}: key {self.key!r} is not in OPTIONAL")
+
+    @property
+    def optional(self) -> bool:
+        return self.key is not None
 
     def check(self) -> None:
         """Raises :class:`UpstreamVersionError` unless the installed library is a tested version."""
@@ -98,9 +113,12 @@ class Patch:
 
     def wanted(self) -> bool:
         setting = os.environ.get(PATCHES_SETTING, "all")
-        if setting not in ("all", "required"):
-            raise ValueError(f"{PATCHES_SETTING} must be 'all' or 'required', got {setting!r}")
-        return not (self.optional and setting == "required")
+        chosen = {part.strip() for part in setting.split(",")} - {""}
+        unknown = sorted(chosen - {"all", "required", *OPTIONAL})
+        if unknown:
+            raise ValueError(f"{PATCHES_SETTING}={setting!r}: {unknown} unknown; it takes 'all', 'required' "
+                             f"or optional patches by key: {', '.join(OPTIONAL)}")
+        return not self.optional or "all" in chosen or self.key in chosen
 
     def apply(self) -> bool:
         """Checks the version and installs the patch unless the setting leaves it out;

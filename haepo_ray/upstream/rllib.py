@@ -184,7 +184,7 @@ def _build_connectors_without_source() -> None:
 
 
 CONNECTORS_WITHOUT_SOURCE = Patch("connectors built without reading source files", "ray", TESTED,
-                                  optional=True, install=_build_connectors_without_source)
+                                  key="connectors", install=_build_connectors_without_source)
 PATCHES = (CONNECTORS_WITHOUT_SOURCE,)
 
 _RUNNER = "ray.rllib.env.single_agent_env_runner:SingleAgentEnvRunner"

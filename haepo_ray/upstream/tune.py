@@ -277,13 +277,13 @@ def registered_env_creator(env_id: str):
 # Environment variables a sweep sets around ``tuner.fit()`` (the module docstring says why).
 CLASSIC_OUTPUT = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
 
-ACTORS_KEPT = Patch("keep launching actors", "ray", TESTED, optional=True, install=_keep_launching_actors)
-FILES_COPIED_WHOLE = Patch("copy the experiment folder's files whole", "ray", TESTED, optional=False,
+ACTORS_KEPT = Patch("keep launching actors", "ray", TESTED, key="actors", install=_keep_launching_actors)
+FILES_COPIED_WHOLE = Patch("copy the experiment folder's files whole", "ray", TESTED, key=None,
                            install=_copy_changed_files_whole)
-RESTORES_FAIL_LOUDLY = Patch("fail restores loudly", "ray", TESTED, optional=False, install=_fail_restores_loudly)
-ANALYSIS_LEFT_OUT = Patch("restore without the analysis", "ray", TESTED, optional=True, install=lambda: None)
-FINISHED_TRIALS_RELEASED = Patch("release finished trials", "ray", TESTED, optional=True, install=lambda: None)
-PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY)
+RESTORES_FAIL_LOUDLY = Patch("fail restores loudly", "ray", TESTED, key=None, install=_fail_restores_loudly)
+ANALYSIS_LEFT_OUT = Patch("restore without the analysis", "ray", TESTED, key="analysis", install=lambda: None)
+FINISHED_TRIALS_RELEASED = Patch("release finished trials", "ray", TESTED, key="release", install=lambda: None)
+PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, ANALYSIS_LEFT_OUT, FINISHED_TRIALS_RELEASED)
 
 _CONTROLLER = "ray.tune.execution.tune_controller:TuneController"
 INTERNALS = (
