@@ -281,6 +281,18 @@ def test_pbt_mutations_are_checked(tmp_path):
     assert "scheduler.mutations.beta_entropy" in message and "beta_ent" in message
 
 
+def test_pbt_is_asynchronous_unless_the_spec_says_synch(tmp_path):
+    """scheduler.synch: Tune's synchronous PBT (every trial exploits at once, at each interval),
+    off by default; a value that is not a boolean is named."""
+    from haepo_ray.sweep.tune_setup import scheduler
+
+    pbt = {"type": "pbt", "mutations": {"lr": {"uniform": [0.01, 0.1]}}}
+    assert scheduler(parse_plan(_spec(scheduler=pbt), "a.yaml"))._synch is False
+    assert scheduler(parse_plan(_spec(scheduler={**pbt, "synch": True}), "s.yaml"))._synch is True
+    message = _error(tmp_path, _spec(scheduler={**pbt, "synch": "sometimes"}))
+    assert "scheduler.synch" in message and "bool" in message, message
+
+
 def test_yaml_errors_and_non_mappings(tmp_path):
     message = _error(tmp_path, "algorithm: HAEPO\nsettings: {lr: [1, 2}\n")
     assert "not valid YAML" in message and "line" in message
