@@ -150,12 +150,19 @@ def package_files(package: Path = PACKAGE) -> list[Path]:
     return sorted(package.rglob("*.py"))
 
 
+def probe(tmp_path: Path, monkeypatch, package: str, source: str) -> list[tuple[int, str]]:
+    """(line, name) of the private upstream names in ``source``, a module of an importable package."""
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "probe.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    uses = private_uses(folder / "probe.py", f"{package}.probe", own_names([folder / "probe.py"]), {"RAY_AIR_NEW_OUTPUT"})
+    return [(line, name) for line, name, _ in uses]
+
+
 def test_the_checker_sees_each_kind_of_private_name(tmp_path, monkeypatch):
-    package = tmp_path / "haepo_ray_probe"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    source = package / "probe.py"
-    source.write_text(
+    assert probe(tmp_path, monkeypatch, "haepo_ray_probe",
         "import sys\n"
         "from ray.tune.registry import _global_registry\n"           # 2: a private name
         "from ray.train._internal.storage import StorageContext\n"  # 3: a private module
@@ -172,28 +179,18 @@ def test_the_checker_sees_each_kind_of_private_name(tmp_path, monkeypatch):
         "class Sub(JSONDecoder):\n"
         "    def _own(self):\n"
         "        return self.parse_object, self._own\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    uses = private_uses(source, "haepo_ray_probe.probe", own_names([source]), {"RAY_AIR_NEW_OUTPUT"})
-    assert [(line, name) for line, name, _ in uses] == [
+    ) == [
         (2, "_global_registry"), (3, "ray.train._internal.storage"), (11, "_secret"), (12, "_local_tuner"),
         (13, "RAY_AIR_NEW_OUTPUT")]
 
 
 def test_the_checker_sees_a_subclass_reaching_into_its_upstream_base(tmp_path, monkeypatch):
-    package = tmp_path / "haepo_ray_probe_sub"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    source = package / "sub.py"
-    source.write_text(
+    assert probe(tmp_path, monkeypatch, "haepo_ray_probe_sub",
         "import argparse\n"
         "class Parser(argparse.ArgumentParser):\n"
         "    def _get_values(self, action, strings):\n"  # 3: overrides the base's private method
         "        return self._actions, self._mine\n"      # 4: the base's; _mine is not
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    uses = private_uses(source, "haepo_ray_probe_sub.sub", own_names([source]))
-    assert [(line, name) for line, name, _ in uses] == [(3, "_get_values"), (4, "_actions")]
+    ) == [(3, "_get_values"), (4, "_actions")]
 
 
 def test_no_private_upstream_name_outside_the_fence():
