@@ -21,7 +21,7 @@ from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, check_own_fit
 from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.plan import load_plan, parse_plan
-from haepo_ray.sweep.spec import SpecError
+from haepo_ray.sweep.spec import SpecError, load_yaml
 from conftest import ray_temp_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,10 +42,35 @@ def test_the_paper_experiments_are_all_there():
     assert {p.stem for p in SPECS} >= set(EXPECTED_TRIALS)
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
-def test_every_spec_validates_and_dry_runs(path, monkeypatch, tmp_path):
+def _simulates_a_real_model(path: Path) -> bool:
+    """The spec's dry run simulates the GPU memory of a real language model (seconds each)."""
+    llm = yaml.safe_load(path.read_text()).get("llm") or {}
+    return llm.get("model") != "tiny" and bool(llm.get("use_gpu") or llm.get("gpu_memory_gb"))
+
+
+def _dry_run_cases() -> list:
+    """Every spec as written; those whose dry run simulates a real model's memory (SmolLM2:
+    10-14 s each) in the slow tier, and in the test command with the tiny model instead
+    (every other key as written: their trials, resources and memory settings)."""
+    cases = []
+    for path in SPECS:
+        if _simulates_a_real_model(path):
+            cases += [pytest.param(path, None, id=path.stem, marks=pytest.mark.slow),
+                      pytest.param(path, "tiny", id=f"{path.stem}-tiny-model")]
+        else:
+            cases.append(pytest.param(path, None, id=path.stem))
+    return cases
+
+
+@pytest.mark.parametrize(("path", "model"), _dry_run_cases())
+def test_every_spec_validates_and_dry_runs(path, model, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    plan = load_plan(path)
+    if model is None:
+        plan = load_plan(path)
+    else:
+        data = load_yaml(path.read_text(), str(path))
+        plan = parse_plan({**data, "llm": {**data["llm"], "model": model}}, str(path))
+        assert plan.spec.llm.model == model
     spec = plan.spec
     assert spec.name == path.stem
     out = io.StringIO()
