@@ -3,13 +3,15 @@
 test's own (temporary folder, free port), ``mlflow server`` with two workers on it, and two
 sweeps logging at once, one of them killed (its driver SIGKILLed) and resumed: every (run,
 metric, step) exactly once, none missing, no deadlock. The figures it prints are in
-BENCHMARKS.md.
+BENCHMARKS.md. The killed and resumed sweep is test_sweep_e2e's killed driver (an RL sweep that
+logs no training_iteration) with all its checks: that test, on SQLite, is its slow twin.
 
 Needs Debian's PostgreSQL (``make postgres``): skipped without it, except in CI.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -145,16 +147,26 @@ def test_two_sweeps_at_once_on_postgresql_one_killed_and_resumed(ray_session, po
         for name, iterations in ITERATIONS.items():
             (run_dir,) = list((results / name).iterdir())
             assert not (run_dir / "mlflow_not_logged.jsonl").exists(), (run_dir / "mlflow_not_logged.jsonl").read_text()
+            trials = json.loads((run_dir / "haepo_summary.json").read_text())["trials"]
+            assert [(t["status"], t["iterations"]) for t in trials] == [("TERMINATED", iterations)] * 2, name
             exp = client.get_experiment_by_name(name)
             runs = client.search_runs([exp.experiment_id])
+            # One parent (none made again by the resume), one child per trial.
             assert sorted(r.data.tags["haepo.role"] for r in runs) == ["sweep", "trial", "trial"], name
             assert all(r.info.status == "FINISHED" for r in runs), name
+            children = [r for r in runs if r.data.tags["haepo.role"] == "trial"]
+            # The (resumed) driver's summary names the runs, those made before the kill included.
+            assert {t["trial_id"]: t["run_id"] for t in trials} == {
+                c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}, name
             logged = logged_rows(server.uri, name)
             assert not {k: n for k, n in logged.items() if n > 1}, f"{name}: logged more than once"
-            for run in (r for r in runs if r.data.tags["haepo.role"] == "trial"):
+            for run in children:
                 for key in EVERY_ITERATION:
                     steps = sorted(s for (r, k, s) in logged if r == run.info.run_id and k == key)
                     assert steps == list(range(1, iterations + 1)), (name, key)
+                if name == "pg-resumed":  # its step key unlogged
+                    assert "training_iteration" not in run.data.metrics
+                assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"checkpoint"}, name
             rows += sum(logged.values())
         ((deadlocks,),) = postgres.sql("mlflow", "select deadlocks from pg_stat_database where datname = 'mlflow'")
         log = postgres.log.read_text() + (tmp_path / "server.log").read_text()

@@ -4,7 +4,7 @@
   per-iteration metrics, tags, checkpoint; the printed best-trial summary matches MLflow;
 - a trial whose env raises once: retried from its checkpoint, one MLflow run;
 - the driver killed mid-sweep (SIGKILL), then ``--resume``: every trial completes once, no
-  duplicate MLflow runs or steps.
+  duplicate MLflow runs or steps (slow tier: test_postgres runs it in the test command).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import yaml
 from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
 from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, check_sweep_in_mlflow
@@ -149,6 +150,10 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
 
 # The RL sweep's metrics, without its step key (training_iteration): the writer learns what
 # is logged from what the spec logs, whatever it is.
+# Slow tier: test_postgres runs this sweep, killed and resumed, with these checks, beside a
+# second sweep logging at once (MLflow on PostgreSQL; CI installs it), and test_llm_sweep's
+# killed driver a language-model sweep on SQLite (re-read results and replayed updates).
+@pytest.mark.slow
 def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
     """The driver of an RL sweep that logs no training_iteration, SIGKILLed mid-sweep, then
     resumed: every trial completes once, one MLflow run per trial, every (run, metric, step)
