@@ -6,8 +6,9 @@ trials of Ray Train ``TorchTrainer`` workers.
   algorithm and model tags, every update's metrics once, generations.jsonl at the run's root
   and the final checkpoint;
 - a trial killed mid-run and resumed from its checkpoint, on 2 Ray Train CPU workers (gloo)
-  and in its own process, ends with the weights of one process trained uninterrupted, each
-  update in MLflow once, its checkpoint and generations logged;
+  and in its own process (slow tier), and a sweep whose driver is killed and resumed, end with
+  the weights of one process trained uninterrupted, each update in MLflow once, its checkpoint
+  and generations logged;
 - spec errors name the key.
 """
 
@@ -196,10 +197,14 @@ UPDATES = 8  # the kill lands after the update-2 checkpoint; a tiny update takes
 TRAINS = {2: "RayTrainWorker", 0: "ImplicitFunc"}
 
 
-# The Ray Train case (a controller and about seven actors per start, two starts, the workers
-# importing transformers: about 120 CPU-seconds) is in the slow tier; the trial's own process
-# is in the test command.
-@pytest.mark.parametrize("workers", [pytest.param(2, marks=pytest.mark.slow), 0])
+# Slow tier, both cases. The Ray Train case: a controller and about seven actors per start, two
+# starts, the workers importing transformers (about 120 CPU-seconds). The trial's own process:
+# the claim is in the test command twice over: the killed driver below restores the trial from
+# its checkpoint into a new actor (the same restore) and ends with the weights of one process,
+# each update logged once although the restored trial repeats some; test_sweep_e2e's failed
+# trial is retried by Tune from its checkpoint (max_failures) into one MLflow run.
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 0])
 def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ray_session, tmp_path, monkeypatch):
     """Killed after its update-2 checkpoint and retried by Tune from it, a trial ends with the
     weights and losses of one process trained uninterrupted on the same prompts (an LLMRun
