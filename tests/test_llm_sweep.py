@@ -322,6 +322,9 @@ RESUME_UPDATES, RESUME_EVERY = 15, 5  # the kill lands between the checkpoints o
     ({"scheduler": {"type": "pbt", "mutations": {"lr": {"uniform": [0.1, 0.2]}}}}, "use fifo or asha"),
     ({"stop": {"env_steps": 100}}, "stops on iterations (RL updates) or seconds"),
     ({"llm": {"model": "tiny", "gpus_per_worker": 0.5}}, "gpus_per_worker needs use_gpu: true"),
+    ({"search_space": {"algorithm": {"grid": ["HAEPO", "DPO"]}, "beta_kl": {"grid": [0.0, 0.1]}}},
+     "search_space.beta_kl: DPO trials would ignore it: DPO's loss has no entropy bonus and no KL penalty "
+     "(its pull towards the reference policy is dpo_beta); remove beta_kl, or sweep DPO in a spec of its own"),
 ])
 def test_llm_spec_errors_name_the_key(change, message):
     spec = yaml.safe_load(SMOKE.read_text())
@@ -329,6 +332,24 @@ def test_llm_spec_errors_name_the_key(change, message):
     with pytest.raises(SpecError) as err:
         parse_plan(spec, "llm.yaml")
     assert message in str(err.value) and "llm.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize("algorithm", ["HAEPO", "GRPO", "DPO"])
+def test_beta_ent_and_beta_kl_are_refused_for_dpo_trials_only(algorithm):
+    """DPO's loss has no entropy bonus or KL penalty: a spec that sets them for DPO trials is an
+    error naming the file and each key (the trials would ignore the values MLflow logs); HAEPO
+    and GRPO trials take them."""
+    spec = smoke_spec(algorithm=algorithm, search_space={"seed": {"grid": [0, 1]}},
+                      settings={"beta_ent": 0.02, "beta_kl": 0.05})
+    if algorithm != "DPO":
+        config = parse_plan(spec, "tldr.yaml").trial_config({})
+        assert (config.algo, config.beta_ent, config.beta_kl) == (algorithm, 0.02, 0.05)
+        return
+    with pytest.raises(SpecError) as err:
+        parse_plan(spec, "tldr.yaml")
+    assert str(err.value).splitlines() == [
+        f"tldr.yaml: settings.{key}: DPO trials would ignore it: DPO's loss has no entropy bonus and no KL "
+        f"penalty (its pull towards the reference policy is dpo_beta); remove {key}" for key in ("beta_ent", "beta_kl")]
 
 
 @pytest.mark.parametrize("spec", [

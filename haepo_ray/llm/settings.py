@@ -18,11 +18,15 @@ from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "ObjectiveSettings", "torch_dtype"]
+__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "NOT_DPO", "ObjectiveSettings", "torch_dtype"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
 ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float64: exactness tests
+# Loss settings DPO has no term for: its loss (Rafailov et al. 2023, Eq. 7) has no entropy bonus
+# and no KL penalty (dpo_beta is its pull towards the reference). A sweep spec that sets them
+# for DPO trials is refused (haepo_ray.sweep.llm_plan).
+NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
 
 
 def torch_dtype(name: str) -> Any:
@@ -148,8 +152,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "lr": "RL learning rate",
     "sft_lr": "SFT learning rate",
     "sft_batch": "examples per SFT step",
-    "beta_ent": "entropy bonus (HAEPO: of the weights; GRPO: of the tokens)",
-    "beta_kl": "KL penalty to the reference policy",
+    "beta_ent": "entropy bonus (HAEPO: of the weights; GRPO: of the tokens; DPO has none)",
+    "beta_kl": "KL penalty to the reference policy (HAEPO, GRPO; DPO's pull towards it is dpo_beta)",
     "normalization": "returns' normalisation: zscore, sum or none",
     "length_normalize": "HAEPO: weights from L_k / length instead of the paper's plain sum",
     "weight_temperature": "HAEPO: weights from L_k / tau",

@@ -9,7 +9,8 @@ checkpointing of :mod:`haepo_ray.sweep.llm_trainable`); MLflow logs both as para
 Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``, ``beta_ent``,
 ``beta_kl``, ``seed``, ``rl_updates``, ...), ``batch_size`` for ``batch_prompts`` and, in
 ``search_space``, ``algorithm`` for ``algo``; the model and data come from ``llm``, the
-device from ``llm.use_gpu``.
+device from ``llm.use_gpu``. ``beta_ent`` and ``beta_kl`` are refused where the trials include
+DPO, whose loss has no such term (:data:`~haepo_ray.llm.settings.NOT_DPO`).
 
 GPU memory: :meth:`LLMPlan.fitted` holds the plan to the cluster's GPUs before launch
 (:mod:`haepo_ray.sweep.llm_fit`); the fitted plan's trial configs carry their estimates
@@ -100,7 +101,26 @@ class LLMPlan(Plan):
             "keep_checkpoints": spec.keep_checkpoints,
         }
         keys = {name: RENAMES.get(name, name) for name in spec.search_space}
-        return cls(spec, base, keys).checked()
+        plan = cls(spec, base, keys).checked()
+        plan._check_dpo_settings()
+        return plan
+
+    def _check_dpo_settings(self) -> None:
+        """Refuses a setting of :data:`~haepo_ray.llm.settings.NOT_DPO` where the trials include
+        DPO, whose loss has no such term: its trials would ignore the value MLflow logs."""
+        from haepo_ray.llm.settings import NOT_DPO
+
+        spec = self.spec
+        searched = spec.algorithm is None
+        if "DPO" not in (spec.search_space["algorithm"].values if searched else [spec.algorithm]):
+            return
+        errors = [f"{spec.source or '<spec>'}: {section}.{name}: DPO trials would ignore it: DPO's loss has no "
+                  "entropy bonus and no KL penalty (its pull towards the reference policy is dpo_beta); remove "
+                  f"{name}" + (", or sweep DPO in a spec of its own" if searched else "")
+                  for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space))
+                  for name in NOT_DPO if name in mapping]
+        if errors:
+            raise SpecError("\n".join(errors))
 
     @property
     def title(self) -> str:
