@@ -22,6 +22,13 @@ SAVERS = {  # each memory saver on its own, and none (the whole update in one ba
     "gradient checkpointing": {"micro_batch_size": 0, "gradient_checkpointing": True},
     "LoRA": {"micro_batch_size": 0, "lora_r": 2},
 }
+ALGOS = ("HAEPO", "GRPO", "DPO")
+# Simulated (target="cpu") against measured, over the 12 cases of ALGOS x SAVERS and every phase,
+# measured 2026-11-26 on torch 2.13.0+cpu: the worst deviation of a phase's peak is 0.32% (DPO
+# with LoRA, forward_backward), of what a phase adds to the bytes it began with 0.78% (the
+# optimiser step with LoRA, every algorithm: -0.78%). The tolerances are about 3x those.
+PEAK_TOLERANCE = 0.01
+OWN_TOLERANCE = 0.02
 
 
 def _settings(algo: str, **savers) -> LLMTrainSettings:
@@ -41,27 +48,40 @@ def tiny_config():
     return config
 
 
+@pytest.fixture(scope="module")
+def steps(tiny_config):
+    """(simulated, measured) steps of ``(algo, saver)``, each run once for the module's tests."""
+    runs = {}
+
+    def run(algo: str, saver: str):
+        if (algo, saver) not in runs:
+            settings = _settings(algo, **SAVERS[saver])
+            runs[algo, saver] = (simulate(settings, tiny_config, SHAPES, target="cpu"),
+                                 measure(settings, tiny_config, SHAPES))
+        return runs[algo, saver]
+
+    return run
+
+
 @pytest.mark.parametrize("saver", SAVERS)
-@pytest.mark.parametrize("algo", ["HAEPO", "GRPO", "DPO"])
-def test_simulated_peaks_match_the_measured_step_within_ten_percent(tiny_config, algo, saver):
-    settings = _settings(algo, **SAVERS[saver])
-    simulated = simulate(settings, tiny_config, SHAPES, target="cpu")
-    measured = measure(settings, tiny_config, SHAPES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_simulated_peaks_match_the_measured_step(steps, algo, saver):
+    simulated, measured = steps(algo, saver)
     for phase in PHASES:
         sim, real = simulated.phases[phase], measured[phase]
         assert sim.start_bytes == real.start_bytes, phase  # the same tensors live as each phase begins
-        assert sim.peak_bytes == pytest.approx(real.peak_bytes, rel=0.10), phase
+        assert sim.peak_bytes == pytest.approx(real.peak_bytes, rel=PEAK_TOLERANCE), phase
         # What the phase itself adds (activations, temporaries, a new optimiser state): the part
         # a mistake in the simulation would show in, beside weights counted in both.
         own, real_own = sim.peak_bytes - sim.start_bytes, real.peak_bytes - real.start_bytes
-        assert real_own > 0 and own == pytest.approx(real_own, rel=0.10), phase
+        assert real_own > 0 and own == pytest.approx(real_own, rel=OWN_TOLERANCE), phase
 
 
 @pytest.mark.parametrize("savers", [
     {"micro_batch_size": 1},
     {"micro_batch_size": 2, "lora_r": 2, "gradient_checkpointing": True},
 ])
-@pytest.mark.parametrize("algo", ["HAEPO", "GRPO", "DPO"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_replayed_micro_batches_give_what_running_every_pass_gives(tiny_config, algo, savers):
     settings = _settings(algo, **savers)
     replayed = simulate(settings, tiny_config, SHAPES)
