@@ -3,17 +3,24 @@ profiler, its replay of repeated passes, the bundled model configs and ``haepo l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pytest
+import torch
 
 from haepo_ray.cli import main
 from haepo_ray.llm.capacity.measure import measure
 from haepo_ray.llm.capacity.model_configs import BUNDLED, model_config
 from haepo_ray.llm.capacity.simulate import simulate
-from haepo_ray.llm.capacity.steps import PHASES, Shapes
-from haepo_ray.llm.settings import LLMTrainSettings
+from haepo_ray.llm.capacity.steps import PHASES, Shapes, token_batch
+from haepo_ray.llm.objectives import OBJECTIVES, group_loss, rows_per_prompt
+from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.rollout import token_stats
+from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
 SHAPES = Shapes(prompt_tokens=12, completion_tokens=6)
 SAVERS = {  # each memory saver on its own, and none (the whole update in one backward pass)
@@ -75,6 +82,131 @@ def test_simulated_peaks_match_the_measured_step(steps, algo, saver):
         # a mistake in the simulation would show in, beside weights counted in both.
         own, real_own = sim.peak_bytes - sim.start_bytes, real.peak_bytes - real.start_bytes
         assert real_own > 0 and own == pytest.approx(real_own, rel=OWN_TOLERANCE), phase
+
+
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes of the distinct storages under ``tensors`` (a tied weight or a view counted once)."""
+    storages = {id(t.untyped_storage()): t.untyped_storage() for t in tensors}  # (a storage is one object)
+    return sum(s.nbytes() for s in storages.values())
+
+
+@dataclass(frozen=True)
+class Census:
+    """A trial's tensors counted by what they are, without the simulator's tracker."""
+
+    parameters: int  # the trained model's weights (LoRA: and adapters), the frozen reference's weights and buffers
+    buffers: int  # the trained model's buffers
+    gradients: int  # one per trainable parameter
+    optimizer: int  # AdamW's state: two moments and a step count per trainable parameter
+    adamw_step: int  # AdamW's temporaries at their most during its step
+    held: int  # what run_steps holds through the update: the batch, the reference's log-probs, the returns
+    outputs: int  # the update pass's token log-probs (GRPO: and entropies) and loss
+    seed: int  # the gradient the backward starts from: ones the size of the loss
+    saved: int  # what the update's plain forward pass saves for its backward, beyond weights and held inputs
+    result: int  # what Policy.update returns: the loss and the token log-probs, detached
+    vocabulary_gradient: int  # the narrower of the logits' gradient [N, T, V] and the embedding's [V, H]
+
+
+def _census(algo: str, saver: str, config) -> Census:
+    """The objects of the trial's update built as the trial builds them (its own Policy, batch and
+    loss) and their storages' bytes summed by what each tensor is. On fake tensors, as the
+    simulator runs (shapes and dtypes, so the same bytes; and the same code paths: transformers
+    builds the causal mask on fake tensors, which it skips for an all-ones mask on real ones);
+    the pass's saved tensors are what autograd's saved-tensor hooks see."""
+    from transformers import AutoModelForCausalLM
+
+    from haepo_ray.upstream.torch import fake_mode  # the simulator's (peft's adapters need its converter)
+
+    # The plain forward (checkpointing off): a checkpointed layer keeps its input instead, which
+    # the plain forward saves too, so its count bounds the checkpointed pass's.
+    settings = dataclasses.replace(_settings(algo, **SAVERS[saver]), gradient_checkpointing=False)
+    with fake_mode():
+        policy = Policy(AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval(), settings)
+        policy.start_sft()
+        policy.start_rl()
+        model, trainable = policy.model, policy.trainable()
+        # The frozen copy is made whole, its buffers (RoPE's frequencies) with its weights.
+        reference = [] if policy.reference is None else [*policy.reference.parameters(), *policy.reference.buffers()]
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        policy.optimizer.step()
+        state = [t for s in policy.optimizer.state.values() for t in s.values()]
+        # AdamW's step on the CPU (torch.optim.adam._single_tensor_adam) takes the parameters one
+        # at a time: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps), two tensors of
+        # the parameter's size, made while the previous parameter's denom is still referenced.
+        sizes = [0, *(_nbytes([p]) for p in trainable)]
+        adamw_step = max(sizes[i - 1] + 2 * sizes[i] for i in range(1, len(sizes)))
+
+        objective = settings.objective()
+        group_rows = rows_per_prompt(objective, settings.group_size)
+        batch = token_batch(settings.batch_prompts * group_rows, group_rows, SHAPES)
+        ref_logp = policy.reference_logp(batch)
+        row = torch.arange(len(batch))
+        returns = (row % group_rows == 0).float() if OBJECTIVES[algo].with_gold else row.float()
+        held = [batch.input_ids, batch.attention_mask, batch.completion_mask, batch.prompt_index, ref_logp, row,
+                returns]
+        loss_fn = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
+        known = {id(t.untyped_storage()) for t in [*model.parameters(), *model.buffers(), *held]}
+        saved = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if id(t.untyped_storage()) not in known:
+                saved.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logp, entropy = token_stats(model, batch, OBJECTIVES[algo].with_entropy)
+            loss = loss_fn(logp, entropy)
+        outputs = [t for t in (logp, entropy, loss) if t is not None]
+        return Census(
+            parameters=_nbytes([*model.parameters(), *reference]), buffers=_nbytes(model.buffers()),
+            gradients=_nbytes(trainable), optimizer=_nbytes(state), adamw_step=adamw_step, held=_nbytes(held),
+            outputs=_nbytes(outputs), seed=_nbytes([loss]), saved=_nbytes([*saved, *outputs]) - _nbytes(outputs),
+            result=_nbytes([logp, loss]),
+            vocabulary_gradient=min(logp.numel(), config.hidden_size) * config.vocab_size * logp.element_size())
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_category_of_the_peaks_matches_an_independent_count(tiny_config, steps, algo, saver):
+    """Each category at the optimiser step's peak, and at the step's peak (the update's backward
+    pass), against the trial's tensors counted without the tracker (:func:`_census`). Exact where
+    the category is the same all through the phase; where the moment of the peak decides it
+    (which saved activations the backward has freed, which gradients exist), bounds that hold at
+    every moment of the backward."""
+    simulated, measured = steps(algo, saver)
+    count = _census(algo, saver, tiny_config)
+    for phase in PHASES:  # the categories split the peak
+        assert sum(simulated.phases[phase].categories.values()) == simulated.phases[phase].peak_bytes, phase
+    fixed = {"parameters": count.parameters, "buffers": count.buffers, "kv_cache": 0}
+
+    # The optimiser step: every gradient exists, AdamW's state and its step's temporaries; no
+    # pass runs, and what the step holds is its inputs and the update's result.
+    assert simulated.phases["optimizer"].categories == {
+        **fixed, "gradients": count.gradients, "optimizer": count.optimizer + count.adamw_step,
+        "activations": count.held + count.result, "temporaries": 0}
+
+    assert simulated.peak_phase == "forward_backward"
+    peak = simulated.phases["forward_backward"].categories
+    assert {c: peak[c] for c in (*fixed, "optimizer")} == {**fixed, "optimizer": count.optimizer}
+    micro_batched = SAVERS[saver]["micro_batch_size"] > 0
+    if micro_batched:  # the peak is in a later micro-batch's backward: every gradient exists from the first
+        assert peak["gradients"] == count.gradients
+    else:
+        assert 0 <= peak["gradients"] <= count.gradients
+    # All through the backward the step holds its inputs, the pass's outputs and loss and the
+    # backward's seed; the forward's saved tensors are freed as the backward goes. Micro-batched,
+    # the no-grad passes' outputs and their concatenation (the loss's leaves) are held beside one
+    # micro-batch's pass, which saves less than the whole batch's.
+    least = count.held + count.outputs + count.seed
+    most = least + count.saved + (count.outputs if micro_batched else 0)
+    assert least <= peak["activations"] <= most
+    # What the backward has made and not yet freed: its peak comes where its gradients are widest,
+    # the vocabulary's (V = 64 H here): the logits' gradient at its head, the tied embedding's two
+    # at its tail, so at least one of those is live; at most, the rest of the real step's measured peak.
+    real = measured["forward_backward"].peak_bytes
+    most_temporaries = real * (1 + PEAK_TOLERANCE) - count.parameters - count.buffers - count.optimizer - least
+    assert count.vocabulary_gradient <= peak["temporaries"] <= most_temporaries
 
 
 @pytest.mark.parametrize("savers", [
