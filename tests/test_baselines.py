@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from haepo_ray.baselines import DPO, GRPO, DPOConfig, GRPOConfig
-from haepo_ray.baselines.losses import dpo_loss, grpo_loss, preference_pairs
+from haepo_ray.baselines.losses import GRPO_ADVANTAGE_EPS, dpo_loss, group_advantage, grpo_loss, preference_pairs
 
 F64 = torch.float64
 CHAIN = "haepo/ChainMDP-v0"
@@ -183,10 +183,11 @@ def test_grpo_torch_gradcheck():
 
 
 def test_grpo_hand_computed_two_episodes():
-    # Episode 0 has steps 0 and 1, episode 1 step 2. R = [1, 0]: mean 0.5, population std 0.5,
-    # A = [1, -1]. Ratios pi / pi_behavior = [0.6/0.4, 0.45/0.5, 0.3/0.5] = [1.5, 0.9, 0.6].
-    # Clipped surrogate (eps 0.2): step 0: min(1.5, 1.2) = 1.2; step 1: min(0.9, 0.9) = 0.9;
-    # step 2: min(-0.6, -0.8) = -0.8. Episode means [1.05, -0.8], surrogate term -(0.25 / 2).
+    # Episode 0 has steps 0 and 1, episode 1 step 2. R = [1, 0]: mean 0.5, sample std
+    # sqrt((0.25 + 0.25) / 1) = 1/sqrt(2), A = [a, -a] with a = 0.5 / (1/sqrt(2) + 1e-4).
+    # Ratios pi / pi_behavior = [0.6/0.4, 0.45/0.5, 0.3/0.5] = [1.5, 0.9, 0.6].
+    # Clipped surrogate (eps 0.2): step 0: min(1.5a, 1.2a) = 1.2a; step 1: min(0.9a, 0.9a) = 0.9a;
+    # step 2: min(-0.6a, -0.8a) = -0.8a. Episode means [1.05a, -0.8a], surrogate term -(0.25a / 2).
     # pi_ref / pi = [0.5, 1, 2]: D = [0.5 + log 2 - 1, 0, 2 - log 2 - 1]; episode means
     # [(log 2 - 0.5) / 2, 1 - log 2], KL term 0.1 * their mean.
     # Entropy [0.6, 0.4, 0.2]: episode means [0.5, 0.2], entropy term -0.5 * 0.35.
@@ -203,13 +204,14 @@ def test_grpo_hand_computed_two_episodes():
         beta_ent=0.5,
     )
     kl = ((math.log(2) - 0.5) / 2 + 1 - math.log(2)) / 2
-    assert out.surrogate_loss.item() == pytest.approx(-0.125, abs=1e-12)
+    a = 0.5 / (1 / math.sqrt(2) + 1e-4)
+    assert out.surrogate_loss.item() == pytest.approx(-0.125 * a, abs=1e-12)
     assert out.step_kl_to_reference.item() == pytest.approx(kl, abs=1e-12)
     assert out.kl_loss.item() == pytest.approx(0.1 * kl, abs=1e-12)
     assert out.entropy_loss.item() == pytest.approx(-0.175, abs=1e-12)
-    assert out.loss.item() == pytest.approx(-0.125 + 0.1 * kl - 0.175, abs=1e-12)
+    assert out.loss.item() == pytest.approx(-0.125 * a + 0.1 * kl - 0.175, abs=1e-12)
     assert out.clip_fraction.item() == pytest.approx(2 / 3)
-    assert out.advantage_abs_mean.item() == pytest.approx(1.0)
+    assert out.advantage_abs_mean.item() == pytest.approx(a, abs=1e-12)
 
 
 def test_grpo_first_step_is_a_policy_gradient_with_group_baseline():
@@ -220,14 +222,29 @@ def test_grpo_first_step_is_a_policy_gradient_with_group_baseline():
                     clip_param=0.2, beta_kl=1.0)
     (grad,) = torch.autograd.grad(out.loss, step_logp)
     r = batch["returns"]
-    advantage = (r - r.mean()) / r.std(unbiased=False)
+    advantage = (r - r.mean()) / (r.std() + 1e-4)  # TRL's: the sample std plus 1e-4
     steps = torch.bincount(batch["episode_index"]).to(F64)
     k = batch["episode_index"]
     assert torch.allclose(grad, -advantage[k] / (4 * steps[k]), atol=1e-12)
     assert out.step_kl_to_reference.item() == 0.0 and out.clip_fraction.item() == 0.0
 
 
-@pytest.mark.parametrize("returns", [[2.0], [0.5, 0.5, 0.5, 0.5]], ids=["M=1", "equal returns"])
+def test_grpo_group_advantage_by_hand():
+    """GRPO's advantage as TRL computes it: (R - mean) / (sample std + 1e-4), not HAEPO's
+    population std. R = [1, 2, 3, 6]: mean 3, deviations [-2, -1, 0, 3], squares sum to 14,
+    sample std sqrt(14 / 3) = 2.1602 (population: sqrt(14 / 4) = 1.8708)."""
+    std = math.sqrt(14 / 3)
+    expected = [-2 / (std + 1e-4), -1 / (std + 1e-4), 0.0, 3 / (std + 1e-4)]
+    returns = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=F64)
+    assert group_advantage(returns).tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert GRPO_ADVANTAGE_EPS == 1e-4
+    assert group_advantage(returns, "none").tolist() == returns.tolist()
+    assert group_advantage(returns, "sum").tolist() == pytest.approx([1 / 12, 2 / 12, 3 / 12, 6 / 12], rel=1e-12)
+
+
+# [0.1] * 3: the mean is 0.1 - 1.4e-17, so without the equality check A would be 1.4e-13.
+@pytest.mark.parametrize("returns", [[2.0], [0.5, 0.5, 0.5, 0.5], [0.1, 0.1, 0.1]],
+                         ids=["M=1", "equal returns", "equal returns, inexact mean"])
 def test_grpo_degenerate_group_has_zero_advantage(returns):
     batch = _grpo_batch(0)
     m = len(returns)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from haepo_ray.baselines.losses import dpo_loss
+from haepo_ray.baselines.losses import dpo_loss, group_advantage
 from haepo_ray.listwise import Shard, listwise_loss
 from haepo_ray.loss import haepo_loss
 
@@ -158,6 +158,18 @@ def _float64_weights(group) -> dict[str, np.ndarray]:
 def _peek(results: list, key: str) -> list[float]:
     values = [result["default_policy"][key] for result in results]  # RLlib Stats objects
     return [float(v.peek() if hasattr(v, "peek") else v) for v in values]
+
+
+def test_the_grpo_learner_takes_grpos_group_advantage_of_the_discounted_returns():
+    """RL GRPO's A_k are LM GRPO's: :func:`group_advantage` (sample std + 1e-4) of the whole
+    batch's returns, not HAEPO's population z-score (sqrt(5/4) times as large here)."""
+    episodes = _episodes()
+    _, _, _, results = _update("GRPO", 0, episodes)
+    gamma = _config("GRPO", 0).gamma
+    returns = torch.tensor([sum(gamma**t * r for t, r in enumerate(e.get_rewards())) for e in episodes],
+                           dtype=torch.float64)
+    expected = float(group_advantage(returns).abs().mean())
+    assert _peek(results, "advantage_abs_mean") == [pytest.approx(expected, rel=1e-6)]  # logged in float32
 
 
 # Two learner processes per case: HAEPO's in the test command, the baselines' (the same

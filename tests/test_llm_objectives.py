@@ -135,6 +135,30 @@ def test_grpo_on_padded_token_rows_equals_grpo_on_flat_steps(tiny_lm):
     assert flat_grad.abs().max() > 1e-3
 
 
+
+def test_grpo_advantage_is_each_groups_trl_zscore_with_the_sample_std(tiny_lm):
+    """With ratio 1 and no KL or entropy term, d loss / d logp_{k,t} = -A_k / (P M T_k) (P
+    prompts, M completions each): the advantages read back from the gradient are the hand
+    computed (R_k - mean R) / (sample std R + 1e-4) of each prompt's group.
+    Group 1: R = [1, 2, 6], mean 3, deviations [-2, -1, 3], sample std sqrt(14 / 2) = sqrt(7)
+    (population: sqrt(14 / 3)). Group 2: R = [0, 1, 2], mean 1, sample std 1."""
+    model, tokenizer = tiny_lm
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        logp, entropy = token_stats(model, batch, True)
+    logp = logp.double().requires_grad_(True)
+    returns = torch.tensor([1.0, 2.0, 6.0, 0.0, 1.0, 2.0], dtype=torch.float64)
+    settings = ObjectiveSettings(algo="GRPO", beta_kl=0.0, beta_ent=0.0)
+    loss = group_loss(settings, batch, returns, logp.detach(), group_rows=3)(logp, entropy.double())
+    (grad,) = torch.autograd.grad(loss, logp)
+    mask = batch.completion_mask
+    lengths = mask.sum(dim=1).double()
+    advantage = -(grad * mask).sum(dim=1) * 2 * 3  # the sum over T_k tokens of -A_k / (2 * 3 * T_k)
+    s1, s2 = math.sqrt(7) + 1e-4, 1 + 1e-4
+    expected = torch.tensor([-2 / s1, -1 / s1, 3 / s1, -1 / s2, 0.0, 1 / s2], dtype=torch.float64)
+    torch.testing.assert_close(advantage, expected, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad * mask, -(expected / (6 * lengths))[:, None] * mask, rtol=1e-12, atol=1e-15)
+
 def test_rows_of_a_group_must_be_consecutive(tiny_lm):
     _, tokenizer = tiny_lm
     batch = _batch(tokenizer)

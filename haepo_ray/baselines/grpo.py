@@ -9,10 +9,12 @@ the batch of M complete episodes of every training iteration being the group::
 - rho_t = pi(a_t|s_t) / pi_behavior(a_t|s_t), the behaviour policy being the one that
   sampled the batch (DeepSeekMath's pi_old): rho_t = 1 at the first of ``num_epochs``
   gradient steps on a batch, so clipping acts from the second one on.
-- A_k = (R_k - mean R) / std R from the discounted returns (``reward_normalization``
-  ``"zscore"``, the default; population std, as HAEPO's). All returns equal (M = 1
-  included) gives A = 0: no policy-gradient signal from that batch, only the KL and entropy
-  terms. ``"sum"`` and ``"none"`` swap in HAEPO's other normalisations as variants.
+- A_k = (R_k - mean R) / (std R + 1e-4) from the discounted returns (``reward_normalization``
+  ``"zscore"``, the default): the sample std (1/(M-1)) plus eps, as TRL's ``GRPOTrainer``
+  computes DeepSeekMath's advantage (HAEPO's z-score keeps the paper's population std). All
+  returns equal (M = 1 included) gives A = 0: no policy-gradient signal from that batch, only
+  the KL and entropy terms. ``"sum"`` and ``"none"`` swap in HAEPO's other normalisations as
+  variants (:func:`~haepo_ray.baselines.losses.group_advantage`).
   Every step of episode k shares A_k, and each episode weighs 1/M whatever its length.
 - D_t = pi_ref/pi - log(pi_ref/pi) - 1, Eq. 4's unbiased KL estimate, weighted by ``beta_kl``
   (default 0.04, DeepSeekMath's value).
@@ -43,10 +45,9 @@ from ray.rllib.algorithms.algorithm_config import NotProvided
 from torch import Tensor
 
 from haepo_ray.algorithm import HAEPO, HAEPOConfig
-from haepo_ray.baselines.losses import grpo_loss
+from haepo_ray.baselines.losses import group_advantage, grpo_loss
 from haepo_ray.learner import EpisodeBatch, HAEPOTorchLearner
 from haepo_ray.listwise import all_reduce_sum
-from haepo_ray.loss import normalize_returns
 from haepo_ray.upstream import rllib as rllib_internals
 
 __all__ = ["GRPO", "GRPOConfig", "GRPOTorchLearner"]
@@ -96,7 +97,7 @@ class GRPOTorchLearner(HAEPOTorchLearner):
     def episode_loss(self, episodes: EpisodeBatch, config: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
         shard = episodes.shard
         # The group is the batch: advantages from all M returns, each episode weighing 1/M.
-        advantage = normalize_returns(episodes.all_returns, config.reward_normalization)
+        advantage = group_advantage(episodes.all_returns, config.reward_normalization)
         out = grpo_loss(
             episodes.step_logp,
             episodes.behavior_step_logp,

@@ -3,7 +3,8 @@
 - :func:`dpo_loss`: Rafailov et al. 2023, "Direct Preference Optimization", Eq. 7, on pairs
   of episodes ordered by their returns.
 - :func:`grpo_loss`: Shao et al. 2024, "DeepSeekMath", Sec. 4.1, Eq. 3 and 4 (outcome
-  supervision), the batch of episodes being the group.
+  supervision), the batch of episodes being the group, with the advantage of
+  :func:`group_advantage` (TRL's ``GRPOTrainer``'s: sample std plus eps).
 
 Each function's docstring gives its formula, with the paper's equation in a comment where it
 is computed; :mod:`haepo_ray.baselines.dpo` and :mod:`haepo_ray.baselines.grpo` give the
@@ -32,12 +33,14 @@ from haepo_ray.loss import (
 )
 
 __all__ = [
+    "GRPO_ADVANTAGE_EPS",
     "BaselineLossOutput",
     "DPOLossOutput",
     "GRPOLossOutput",
     "clipped_surrogate",
     "dpo_loss",
     "episode_mean",
+    "group_advantage",
     "grpo_loss",
     "grpo_token_loss",
     "implicit_reward",
@@ -129,6 +132,30 @@ def dpo_loss(
 
 # --- GRPO ---------------------------------------------------------------------------------
 
+# TRL's GRPOTrainer: advantages = (rewards - mean) / (std + 1e-4), per group of completions.
+GRPO_ADVANTAGE_EPS = 1e-4
+
+
+def group_advantage(returns: Tensor, normalization: Normalization = "zscore") -> Tensor:
+    """GRPO's advantage A_k of each of the group's M episodes from their returns R_k.
+
+    ``"zscore"``, GRPO's outcome supervision (Shao et al. 2024, Sec. 4.1.2) as TRL's
+    ``GRPOTrainer`` computes it: (R_k - mean R) / (std R + eps) with the sample std
+    (1/(M-1), ``torch.std``'s default) and eps = :data:`GRPO_ADVANTAGE_EPS`; 0 when M = 1 or
+    all returns are equal. ``"sum"`` and ``"none"``: HAEPO's other normalisations
+    (:func:`~haepo_ray.loss.normalize_returns`) as variants. HAEPO's own z-score keeps the
+    paper's population std.
+    """
+    if normalization != "zscore":
+        return normalize_returns(returns, normalization)
+    _check_vector("returns", returns)
+    if returns.numel() == 1:
+        return torch.zeros_like(returns)
+    # Sec. 4.1.2: r~_i = (r_i - mean(r)) / std(r); TRL: / (std + 1e-4), std with Bessel's correction
+    advantage = (returns - returns.mean()) / (returns.std() + GRPO_ADVANTAGE_EPS)
+    # Exact equality: the mean of equal values can be off by one ulp.
+    return torch.where(returns.max() == returns.min(), torch.zeros_like(returns), advantage)
+
 
 def episode_mean(step_values: Tensor, episode_index: Tensor, num_episodes: int) -> Tensor:
     """The per-episode mean 1/T_k sum_{t in k} x_t of a per-step quantity, shape ``[M]``.
@@ -192,8 +219,8 @@ def grpo_loss(
     policy, and the current policy's entropy H_t) are flat over the batch's timesteps;
     ``episode_index`` gives each step's episode in 0..M-1 and ``returns`` the R_k, shape
     ``[M]``. rho_t = exp(step_logp - behavior_step_logp), D_t is :func:`reference_kl`, and
-    A = ``normalize_returns(returns, normalization)``: ``"zscore"`` is GRPO's
-    outcome-supervision advantage (R_k - mean R) / std R, 0 when all returns are equal.
+    A = ``group_advantage(returns, normalization)``: ``"zscore"`` is GRPO's
+    outcome-supervision advantage (R_k - mean R) / (std R + eps), 0 when all returns are equal.
     ``clip_param`` is eps, in (0, 1).
     """
     steps = (
@@ -283,7 +310,7 @@ def _grpo(
 
     kl = per_episode(reference_kl(step_logp, ref_step_logp))
     entropy = per_episode(step_entropy)
-    advantage = normalize_returns(returns, normalization)  # Sec. 4.1.2: A_{i,t} = r~_i
+    advantage = group_advantage(returns, normalization)  # Sec. 4.1.2: A_{i,t} = r~_i
     ratio = torch.exp(step_logp - behavior_step_logp)
     surrogate = per_episode(clipped_surrogate(ratio, per_step(advantage), clip_param))
     # Eq. 3, negated to a loss: 1/G sum_i 1/|o_i| sum_t [min(...) - beta D_KL], plus entropy

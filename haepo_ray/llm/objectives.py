@@ -8,7 +8,8 @@ Each prompt's completions form one group; the update's loss is the mean of the g
   plain sum (the paper's, the default) gives one-hot weights. The effective number of
   trajectories 1 / sum_k w_k^2 is returned every update to show it.
 - GRPO: :func:`haepo_ray.baselines.losses.grpo_loss` with tokens as steps and the group as
-  the batch: token-level clipped ratio, k3 KL to the reference, the policy's token entropy.
+  the batch: token-level clipped ratio, k3 KL to the reference, the policy's token entropy,
+  the advantage (R_k - mean R) / (std R + 1e-4) with the group's sample std, as TRL's.
   One optimisation step per batch, so the behaviour policy is the current one (ratio 1).
 - DPO: :func:`haepo_ray.baselines.losses.dpo_loss` on [gold, sample_1..sample_M] with returns
   [1, 0, .., 0]: exactly the M pairs "gold preferred to sample j"; the reference is the SFT
