@@ -385,6 +385,10 @@ def mlflow_server(mlflow_servers) -> MLflowServer:
     return mlflow_servers()
 
 
+# Slow tier: test_tracking_server_outage_loses_nothing tracks the smoke sweep over HTTP too and
+# checks its runs the same way (check_sweep_in_mlflow: params, tags, every step, the checkpoint
+# through the server), an outage in the middle; test_llm_sweep's smoke sweep uses a server too.
+@pytest.mark.slow
 def test_smoke_sweep_remote_mlflow_server(ray_session, mlflow_server, tmp_path, monkeypatch):
     """The smoke spec tracked over HTTP. Cut to 2 trials of 4 iterations (a checkpoint at 2
     and at the end): every kind of MLflow call goes through the server just the same, and
@@ -447,44 +451,6 @@ class KillServerMidSweep(tune.Callback):
 ITERATIONS = 8  # the kill lands at the first result; the trials then go on without the server
 
 
-def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
-    monkeypatch.chdir(tmp_path)
-    data = yaml.safe_load(SMOKE.read_text())
-    data.update(name="doomed", search_space={"seed": {"grid": [0, 1]}})
-    data["stop"] = {"iterations": ITERATIONS}
-    data["settings"].update(lr=0.05)
-    spec = parse_plan(data, "doomed.yaml")
-    killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db, "doomed")
-
-    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
-        result = run_sweep(spec, tracking_uri=mlflow_server.uri, storage_path=str(tmp_path / "results"),
-                           out=io.StringIO(), extra_callbacks=[killer],
-                           # A killed server refuses connections at once; the timeout only
-                           # bounds a slow answer of the live server on a loaded machine.
-                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15,
-                                            "close_timeout_s": 5})
-
-    assert mlflow_server.proc.poll() is not None, "the server was not killed"
-    assert killer.killed_at is not None and killer.killed_at < ITERATIONS, killer.killed_at
-    # The sweep went on and finished every trial.
-    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", ITERATIONS)] * 2
-    # ... and says what was not logged: metrics (with their steps), statuses, checkpoints.
-    whats = {n.what for n in result.not_logged}
-    assert {"metrics", "status", "artifact"} <= whats, whats
-    assert any(n.what == "metrics" and re.match(r"steps? \d", n.detail) for n in result.not_logged)
-    assert "not logged" in caplog.text and "metrics" in caplog.text
-    assert "does not answer" in caplog.text
-    (run_dir,) = list((tmp_path / "results" / "doomed").iterdir())
-    lines = (run_dir / "mlflow_not_logged.jsonl").read_text().splitlines()
-    assert len(lines) == len(result.not_logged)
-
-    # What the server stored before it died is there: the parent and a child run.
-    with sqlite3.connect(mlflow_server.db) as conn:
-        roles = [r for (r,) in conn.execute(
-            f"select value from tags where key = 'haepo.role' and run_uuid in ({_RUNS_OF})", ("doomed",))]
-    assert roles.count("sweep") == 1 and roles.count("trial") >= 1
-
-
 class ServerOutage(KillServerMidSweep):
     """Kills the tracking server as :class:`KillServerMidSweep` does, then starts it again (its
     port, its store) once ``results_during`` more trial results came in without it; the sweep
@@ -544,3 +510,43 @@ def test_tracking_server_outage_loses_nothing(ray_session, mlflow_server, tmp_pa
             f"select count(*) from tags where key = 'mlflow.parentRunId' and run_uuid in ({_RUNS_OF})",
             ("outage",)).fetchone()[0]
     assert twice == [] and children == 2
+
+
+# Last in this file: the server it kills stays down (the outage test brings its server back,
+# so that this test takes it on).
+def test_tracking_server_killed_mid_sweep(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(SMOKE.read_text())
+    data.update(name="doomed", search_space={"seed": {"grid": [0, 1]}})
+    data["stop"] = {"iterations": ITERATIONS}
+    data["settings"].update(lr=0.05)
+    spec = parse_plan(data, "doomed.yaml")
+    killer = KillServerMidSweep(mlflow_server.proc.pid, mlflow_server.db, "doomed")
+
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
+        result = run_sweep(spec, tracking_uri=mlflow_server.uri, storage_path=str(tmp_path / "results"),
+                           out=io.StringIO(), extra_callbacks=[killer],
+                           # A killed server refuses connections at once; the timeout only
+                           # bounds a slow answer of the live server on a loaded machine.
+                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15,
+                                            "close_timeout_s": 5})
+
+    assert mlflow_server.proc.poll() is not None, "the server was not killed"
+    assert killer.killed_at is not None and killer.killed_at < ITERATIONS, killer.killed_at
+    # The sweep went on and finished every trial.
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", ITERATIONS)] * 2
+    # ... and says what was not logged: metrics (with their steps), statuses, checkpoints.
+    whats = {n.what for n in result.not_logged}
+    assert {"metrics", "status", "artifact"} <= whats, whats
+    assert any(n.what == "metrics" and re.match(r"steps? \d", n.detail) for n in result.not_logged)
+    assert "not logged" in caplog.text and "metrics" in caplog.text
+    assert "does not answer" in caplog.text
+    (run_dir,) = list((tmp_path / "results" / "doomed").iterdir())
+    lines = (run_dir / "mlflow_not_logged.jsonl").read_text().splitlines()
+    assert len(lines) == len(result.not_logged)
+
+    # What the server stored before it died is there: the parent and a child run.
+    with sqlite3.connect(mlflow_server.db) as conn:
+        roles = [r for (r,) in conn.execute(
+            f"select value from tags where key = 'haepo.role' and run_uuid in ({_RUNS_OF})", ("doomed",))]
+    assert roles.count("sweep") == 1 and roles.count("trial") >= 1
