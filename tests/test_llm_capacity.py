@@ -258,11 +258,13 @@ def test_memory_command_prints_the_table_and_json(capsys):
             "2", "--max-new-tokens", "4", "--prompt-tokens", "8", "--lora-r", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^HAEPO  forward_backward \*", out, re.M) or re.search(r"^HAEPO  \w+ \*", out, re.M)
-    assert re.search(r"^DPO: peak [\d.]+ GiB in \w+ \(fits 40 GiB\)", out, re.M), out
     assert main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [r["algo"] for r in result["results"]] == ["HAEPO", "DPO"]
+    peak = {r["algo"]: r["peak_phase"] for r in result["results"]}
+    # the table marks one row per algorithm, its peak phase
+    assert re.findall(r"^(\w+) +(\w+) \* ", out, re.M) == list(peak.items()), out
+    assert re.search(rf"^DPO: peak [\d.]+ GiB in {peak['DPO']} \(fits 40 GiB\)", out, re.M), out
     assert set(result["results"][0]["phases"]) == set(PHASES)
     assert result["results"][0]["trainable"] < result["results"][0]["parameters"] / 10  # LoRA
 
