@@ -37,8 +37,11 @@ def code_version() -> dict[str, str]:
     package = Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True,
-                              timeout=30, check=True).stdout.strip()
+        # No optional locks: `git status` would otherwise refresh the index under .git/index.lock,
+        # which a process killed meanwhile (a sweep's driver, SIGKILLed) leaves behind, and every
+        # later git command in the checkout then fails until it is removed by hand.
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(package), *args], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
 
     try:
         git("ls-files", "--error-unmatch", "__init__.py")  # this checkout tracks the package
