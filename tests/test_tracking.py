@@ -11,8 +11,9 @@ import pickle
 import re
 import signal
 import sqlite3
-import threading
 import time
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ from ray import tune
 from haepo_ray import names, tracking
 from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.runner import run_sweep
+from haepo_ray.tracking.writer import MAX_PROBE_INTERVAL_S
 
 # --------------------------------------------------------------------------- URI and helpers
 
@@ -453,16 +455,19 @@ ITERATIONS = 8  # the kill lands at the first result; the trials then go on with
 
 class ServerOutage(KillServerMidSweep):
     """Kills the tracking server as :class:`KillServerMidSweep` does, then starts it again (its
-    port, its store) once ``results_during`` more trial results came in without it; the sweep
-    goes on meanwhile (the server's start-up, seconds, is part of the outage)."""
+    port, its store) on a thread of its own once ``results_during`` more trial results came in
+    without it; the sweep goes on meanwhile (the server's start-up, seconds, is part of the
+    outage). :attr:`restart` is that start's Future: its ``result()`` raises what the start
+    raised. A trial's end waits for the restart to be done, so that the sweep's end, where the
+    tracking callback closes its writer, comes with the server up (or the start failed)."""
 
     def __init__(self, server: MLflowServer, experiment: str, results_during: int):
         super().__init__(server.proc.pid, server.db, experiment)
         self.server, self.results_during = server, results_during
         self.results_while_down = 0
-        self.restart: threading.Thread | None = None
+        self.restart: Future | None = None
 
-    def __getstate__(self):  # Tune saves its callbacks; the server and thread stay here
+    def __getstate__(self):  # Tune saves its callbacks; the server and the restart stay here
         return {k: v for k, v in self.__dict__.items() if k not in ("server", "restart")}
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -471,8 +476,19 @@ class ServerOutage(KillServerMidSweep):
         elif self.restart is None:
             self.results_while_down += 1
             if self.results_while_down >= self.results_during:
-                self.restart = threading.Thread(target=self.server.start)
-                self.restart.start()
+                pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-restart")
+                self.restart = pool.submit(self.server.start)
+                pool.shutdown(wait=False)  # the start runs on; nothing else is submitted
+
+    def _restarted(self) -> None:
+        if self.restart is not None:
+            futures.wait([self.restart])  # done or failed; the test's result() raises a failure
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._restarted()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._restarted()
 
 
 def test_tracking_server_outage_loses_nothing(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
@@ -488,8 +504,13 @@ def test_tracking_server_outage_loses_nothing(ray_session, mlflow_server, tmp_pa
         result = run_sweep(parse_plan(data, "outage.yaml"), tracking_uri=mlflow_server.uri,
                            storage_path=str(tmp_path / "results"), out=io.StringIO(),
                            extra_callbacks=[outage],
-                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15})
-    outage.restart.join()
+                           # The server is up when the writer closes (the trials' ends wait for
+                           # the restart): the writer's next probe comes within its longest
+                           # interval, and the calls answer within their timeout.
+                           callback_kwargs={"retries": 1, "backoff_s": 0.1, "timeout_s": 15,
+                                            "close_timeout_s": MAX_PROBE_INTERVAL_S + 2 * 15})
+    assert outage.restart is not None, "the server was not restarted during the sweep"
+    outage.restart.result(timeout=0)  # done before the sweep ended; raises what the restart raised
 
     assert outage.killed_at is not None and outage.killed_at < ITERATIONS, outage.killed_at
     assert outage.results_while_down == 4
