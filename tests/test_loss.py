@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,6 +88,26 @@ def _closed_form_grad_wrt_L(traj_logp, ref_traj_logp, norm_returns, beta_ent, be
     return -w * c + w * (w * c).sum()
 
 
+def _normalized_as_the_paper_says(returns: torch.Tensor, normalization: str) -> torch.Tensor:
+    """Sec. "Reward Normalization", written out in numpy (float64) apart from the code's
+    ``normalize_returns``. Z-score: R^_k = (R_k - mu) / sigma with mu = M^-1 sum_j R_j and
+    sigma^2 = M^-1 sum_j (R_j - mu)^2 (the population variance; the code adds no epsilon).
+    Sum: R~_k = R_k / sum_j R_j (the code divides by |sum_j R_j|, the same for the positive
+    returns used here)."""
+    r = returns.detach().numpy()
+    m = len(r)
+    if normalization == "zscore":
+        mu = r.sum() / m
+        sigma = np.sqrt(((r - mu) ** 2).sum() / m)
+        out = (r - mu) / sigma
+    elif normalization == "sum":
+        assert (r > 0).all()
+        out = r / r.sum()
+    else:
+        out = r
+    return torch.from_numpy(out)
+
+
 @pytest.mark.parametrize("normalization", ["zscore", "sum", "none"])
 def test_closed_form_gradient_equals_autograd_per_step(normalization):
     g = torch.Generator().manual_seed(7)
@@ -107,7 +128,7 @@ def test_closed_form_gradient_equals_autograd_per_step(normalization):
     (autograd,) = torch.autograd.grad(out.loss, step_logp)
 
     per_episode = _closed_form_grad_wrt_L(
-        traj_logp.detach(), ref_traj_logp, normalize_returns(returns, normalization), beta_ent, beta_kl
+        traj_logp.detach(), ref_traj_logp, _normalized_as_the_paper_says(returns, normalization), beta_ent, beta_kl
     )
     closed_form = per_episode[episode_index]  # dL_k / d log pi(a_t|s_t) = 1 for t in episode k
     assert torch.allclose(autograd, closed_form, atol=1e-12, rtol=0)
