@@ -9,6 +9,22 @@ one simulation (:func:`estimate` is cached in the process).
 Lengths: prompts of ``prompt_tokens`` (default :data:`PROMPT_TOKENS`: ACLSum's prompts at
 ``max_source_words`` 300 reach 435 tokens with SmolLM2's tokenizer), completions and gold
 summaries of ``max_new_tokens`` (ACLSum's gold summaries reach 48 tokens, the default).
+
+Reserved memory (``target="cuda"``). Beside the step's tensors and the caching allocator's
+reserve of them (:mod:`~haepo_ray.llm.capacity.allocator`), a worker's GPU holds, each part a
+field of the estimate with its source here:
+
+- the CUDA context, :data:`CUDA_CONTEXT_BYTES`; not in PyTorch's reserved bytes;
+- cuBLAS's workspaces, :data:`CUBLAS_WORKSPACE_BYTES` for each of :data:`CUBLAS_HANDLES`;
+  PyTorch takes them from its caching allocator, each a segment of its own, never freed;
+- with W > 1 workers, the flat gradient that :meth:`~haepo_ray.llm.distributed.World.sum_gradients`
+  all-reduces (the trainable parameters in their gradients' dtype; counted on top of the
+  allocated peak, and as a segment of its own on top of the reserve: upper bounds), and NCCL's
+  buffers, :data:`NCCL_BUFFSIZE` for each of :data:`NCCL_CHANNELS` channels and each of the
+  ring's 2 peers; not in PyTorch's reserved bytes.
+
+The constants are figures from the sources named, not measured here: ``bench/gpu_check.py``
+measures the allocator's part on a GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +40,34 @@ from haepo_ray.llm.settings import LLMTrainSettings
 if TYPE_CHECKING:
     from haepo_ray.llm.capacity.simulate import StepEstimate
 
-__all__ = ["MEMORY_FIELDS", "PROMPT_TOKENS", "estimate", "memory_key"]
+__all__ = ["CUBLAS_HANDLES", "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES", "MEMORY_FIELDS", "NCCL_BUFFSIZE",
+           "NCCL_CHANNELS", "PROMPT_TOKENS", "estimate", "memory_key"]
+
+MIB = 2**20
+# The CUDA context of a PyTorch process (driver state, loaded kernels), with lazy module loading
+# (CUDA >= 11.7, PyTorch's default): "~300MB" (pytorch/pytorch#107667, ptrblck, 2023), "around
+# 400MB" (pytorch/pytorch#109888, ptrblck, 2023), 426 MiB in nvidia-smi on an RTX 6000 Ada with
+# PyTorch 2.10 + CUDA 13.0 (unslothai/unsloth-zoo#1053, 2026). No H100 figure found: the largest
+# rounded up. bench/gpu_check.py records the device's used memory beyond PyTorch's reserve.
+CUDA_CONTEXT_BYTES = 512 * MIB
+# PyTorch's cuBLAS workspace per (handle, stream) when CUBLAS_WORKSPACE_CONFIG is unset
+# (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize): ":4096:8", 8 x 4096 KiB
+# = 32 MiB on sm90 (H100, H200); 2 x 4096 KiB + 8 x 16 KiB on older GPUs. The larger is taken.
+# It comes from the caching allocator (getNewWorkspace), and cuBLASLt shares it
+# (TORCH_CUBLASLT_UNIFIED_WORKSPACE, on by default).
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 8
+# cuBLAS handles are per thread (a thread-local pool): the forward passes run on the main
+# thread, the backward passes on the autograd engine's thread for the device.
+CUBLAS_HANDLES = 2
+# NCCL's buffer per channel and peer for the Simple protocol: NCCL_BUFFSIZE, default 4194304
+# (NCCL's environment-variable documentation; NVIDIA/nccl#391: "the default NCCL_BUFFSIZE is
+# 4MB"); each channel has its own (NVIDIA/nccl#1450).
+NCCL_BUFFSIZE = 4 * MIB
+# Channels NCCL opens between two H100s of one node (NVIDIA/nccl#1685: 32 per pair). NCCL's
+# other protocols (LL, LL128) and its own state add more (NVIDIA/nccl#864 saw ~1.6 GB for one
+# communicator after an all-reduce): a lower bound.
+NCCL_CHANNELS = 32
+NCCL_RING_PEERS = 2  # a ring's previous and next worker
 
 PROMPT_TOKENS = 512
 MEMORY_FIELDS: tuple[str, ...] = (
@@ -56,4 +99,20 @@ def _cached(key: tuple, prompt_tokens: int, workers: int, target: str) -> StepEs
     worker = dataclasses.replace(settings, batch_prompts=settings.batch_prompts // workers,
                                  sft_batch=math.ceil(settings.sft_batch / workers))
     shapes = Shapes(prompt_tokens, settings.max_new_tokens)
-    return simulate(worker, model_config(settings.model), shapes, target=target)
+    est = simulate(worker, model_config(settings.model), shapes, target=target)
+    return with_overheads(est, workers)
+
+
+def with_overheads(est: StepEstimate, workers: int) -> StepEstimate:
+    """``est`` (one worker's simulated step) with what a worker of ``workers`` holds beside its
+    tensors (module docstring); on the CPU target only the all-reduce's buffer."""
+    from haepo_ray.llm.capacity.allocator import round_size, segment_size
+
+    cuda = est.target == "cuda"
+    multi = workers > 1
+    flat = est.trainable_bytes if multi else 0
+    return dataclasses.replace(
+        est, workers=workers, cuda_context_bytes=CUDA_CONTEXT_BYTES if cuda else 0,
+        cublas_workspace_bytes=CUBLAS_HANDLES * CUBLAS_WORKSPACE_BYTES if cuda else 0,
+        allreduce_buffer_bytes=flat, allreduce_reserved_bytes=segment_size(round_size(flat)) if flat else 0,
+        nccl_buffer_bytes=NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_RING_PEERS if cuda and multi else 0)

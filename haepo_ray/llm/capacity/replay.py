@@ -39,6 +39,9 @@ class _Record:
     flops: int
     backward: Watermark | None = None  # from the outputs' gradients to the next pass
     backward_rise: dict[str, int] = field(default_factory=dict)
+    # the allocations made and freed in the forward, and in the backward (LiveBytes.transient_events)
+    events: list[tuple[int, int | None]] = field(default_factory=list)
+    backward_events: list[tuple[int, int | None]] = field(default_factory=list)
 
 
 def _sub(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -51,7 +54,7 @@ class _Replayed(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: Tensor, tracker: LiveBytes, record: _Record) -> tuple[Tensor, ...]:
         ctx.tracker, ctx.record = tracker, record
-        tracker.transient(record.rise)
+        tracker.transient(record.rise, record.events)
         tracker.add_flops(record.flops)
         held = []
         for category, nbytes in record.held.items():
@@ -63,7 +66,7 @@ class _Replayed(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[None, None, None]:
-        ctx.tracker.transient(ctx.record.backward_rise)
+        ctx.tracker.transient(ctx.record.backward_rise, ctx.record.backward_events)
         ctx.tracker.add_flops(ctx.record.backward.flops)
         return None, None, None
 
@@ -96,6 +99,7 @@ class ReplayedStats:
     def _record(self, key: tuple, model: Any, batch: Batch, with_entropy: bool,
                 grad: bool) -> tuple[Tensor, Tensor | None]:
         tracker = self.tracker
+        first = len(tracker.events)
         with tracker.watermark() as mark:
             logp, entropy = token_stats(model, batch, with_entropy)
         outputs = [t for t in (logp, entropy) if t is not None]
@@ -104,13 +108,20 @@ class ReplayedStats:
             nbytes, category = tracker.storage_entry(t)
             out_bytes[category] += nbytes
         record = _Record([(t.shape, t.dtype) for t in outputs], mark.rise(),
-                         _sub(_sub(tracker.live, mark.start_live), out_bytes), mark.flops)
+                         _sub(_sub(tracker.live, mark.start_live), out_bytes), mark.flops,
+                         events=tracker.transient_events(first))
         self.records[key] = record
         if grad:
             def start(grad: Tensor) -> None:  # an output's gradient exists: the pass's backward begins
                 if record.backward is None:
+                    begin = len(tracker.events)
                     record.backward = self._backward.enter_context(tracker.watermark())
-                    self._backward.callback(lambda: record.backward_rise.update(record.backward.rise()))
+
+                    def end() -> None:
+                        record.backward_rise.update(record.backward.rise())
+                        record.backward_events[:] = tracker.transient_events(begin)
+
+                    self._backward.callback(end)
 
             for t in outputs:  # (the hook holds no tensor: the pass's graph is freed as in a trial)
                 t.register_hook(start)
@@ -121,7 +132,7 @@ class ReplayedStats:
             anchor = next(p for p in model.parameters() if p.requires_grad)
             outputs = _Replayed.apply(anchor, self.tracker, record)
         else:  # nothing is held without gradient
-            self.tracker.transient(record.rise)
+            self.tracker.transient(record.rise, record.events)
             self.tracker.add_flops(record.flops)
             outputs = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in record.outputs)
         return outputs[0], (outputs[1] if with_entropy else None)

@@ -23,6 +23,13 @@ AdamW as torch runs it on CUDA (the multi-tensor "foreach" step, whose square ro
 second moment is a temporary the size of the trainable weights); ``target="cpu"`` counts bytes
 exactly and keeps PyTorch's CPU kernels and AdamW's per-parameter step: the form the real step
 is measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
+
+Reserved memory. The tracker's allocation and free events are replayed through a model of
+CUDA's caching allocator (:mod:`~haepo_ray.llm.capacity.allocator`): ``allocator_reserved``
+is the most the allocator reserves over the whole step (SFT step and RL update),
+``allocator_allocated`` the most it hands out (blocks, as ``torch.cuda.max_memory_allocated``
+counts them). What is not in the step's tensors (the CUDA context, cuBLAS's workspaces, NCCL's
+buffers, the all-reduce's flat gradient) is added by :func:`~haepo_ray.llm.capacity.estimate.estimate`.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 
 import torch
 
+from haepo_ray.llm.capacity.allocator import replay as replay_allocator
 from haepo_ray.llm.capacity.replay import ReplayedStats
 from haepo_ray.llm.capacity.steps import PHASES, RL_PHASES, Shapes, group_sampling, run_steps
 from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
@@ -45,9 +53,12 @@ from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.upstream.torch import efficient_attention, fake_mode, flash_attention
 from haepo_ray.upstream.transformers import logits_processors
 
-__all__ = ["TARGETS", "StepEstimate", "simulate"]
+__all__ = ["RESERVED_PARTS", "TARGETS", "StepEstimate", "simulate"]
 
 TARGETS = {"cuda": 512, "cpu": 1}  # target -> allocation block in bytes
+# the parts of StepEstimate.reserved_bytes
+RESERVED_PARTS = ("allocator_reserved", "cublas_workspace_bytes", "allreduce_reserved_bytes", "cuda_context_bytes",
+                  "nccl_buffer_bytes")
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,16 @@ class StepEstimate:
     weight_bytes: int  # of those parameters
     trainable: int  # parameters the RL optimiser updates
     phases: dict[str, PhasePeak]
+    trainable_bytes: int = 0  # of their gradients (the gradients' dtype is the parameters')
+    allocator_reserved: int = 0  # the caching allocator's replayed peak reserved (module docstring)
+    allocator_allocated: int = 0  # ... and peak allocated, in whole blocks
+    # added by estimate(): one worker's memory outside the step's tensors
+    workers: int = 1
+    cuda_context_bytes: int = 0  # the CUDA context (not in PyTorch's reserved)
+    cublas_workspace_bytes: int = 0  # cuBLAS's workspaces (through the caching allocator)
+    allreduce_buffer_bytes: int = 0  # the flat gradient all-reduced when workers > 1
+    allreduce_reserved_bytes: int = 0  # the segment that buffer needs (an upper bound: it may reuse a cached one)
+    nccl_buffer_bytes: int = 0  # NCCL's communication buffers when workers > 1 (not in PyTorch's reserved)
 
     @property
     def peak_phase(self) -> str:
@@ -70,6 +91,24 @@ class StepEstimate:
         return self.phases[self.peak_phase].peak_bytes
 
     @property
+    def allocated_bytes(self) -> int:
+        """The most bytes allocated: the step's peak, cuBLAS's workspaces and the all-reduce's
+        buffer (counted on top of the peak: an upper bound, since the buffer lives between the
+        backward and the optimiser step)."""
+        return self.peak_bytes + self.cublas_workspace_bytes + self.allreduce_buffer_bytes
+
+    @property
+    def torch_reserved_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_reserved`` would report: the replayed allocator's
+        reserve, cuBLAS's workspaces, the all-reduce buffer's segment."""
+        return self.allocator_reserved + self.cublas_workspace_bytes + self.allreduce_reserved_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """The GPU memory one worker takes: PyTorch's reserved, the CUDA context, NCCL's buffers."""
+        return self.torch_reserved_bytes + self.cuda_context_bytes + self.nccl_buffer_bytes
+
+    @property
     def update_flops(self) -> int:
         """FLOPs of one RL update (generation of every prompt, reference pass, update)."""
         return sum(self.phases[p].flops for p in RL_PHASES)
@@ -77,7 +116,10 @@ class StepEstimate:
     def to_dict(self) -> dict[str, Any]:
         return {"algo": self.algo, "target": self.target, "parameters": self.parameters,
                 "weight_bytes": self.weight_bytes, "trainable": self.trainable, "peak_phase": self.peak_phase, "peak_bytes": self.peak_bytes,
-                "update_flops": self.update_flops,
+                "update_flops": self.update_flops, "allocated_bytes": self.allocated_bytes,
+                "reserved_bytes": self.reserved_bytes, "torch_reserved_bytes": self.torch_reserved_bytes,
+                "reserved": {name: getattr(self, name) for name in RESERVED_PARTS}, "workers": self.workers,
+                "trainable_bytes": self.trainable_bytes, "allocator_allocated": self.allocator_allocated,
                 "phases": {name: dataclasses.asdict(p) for name, p in self.phases.items()}}
 
 
@@ -200,7 +242,11 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         if replay:
             stats.close()
         trainable = sum(p.numel() for p in policy.trainable())
+        grad_size = max((p.element_size() for p in policy.trainable()), default=0)  # torch.cat's promoted dtype
+    allocator = replay_allocator(tracker.events)
     peaks = dict(tracker.peaks)
     generation = peaks["generation"]  # one prompt's group was run; the update samples batch_prompts groups
     peaks["generation"] = dataclasses.replace(generation, flops=generation.flops * settings.batch_prompts)
-    return StepEstimate(settings.algo, target, parameters, weight_bytes, trainable, {p: peaks[p] for p in PHASES})
+    return StepEstimate(settings.algo, target, parameters, weight_bytes, trainable, {p: peaks[p] for p in PHASES},
+                        trainable_bytes=trainable * grad_size, allocator_reserved=allocator.reserved,
+                        allocator_allocated=allocator.peak_allocated)

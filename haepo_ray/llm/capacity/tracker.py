@@ -13,14 +13,17 @@ the formulas of ``torch.utils.flop_counter`` (matrix products and attention kern
 A kernel's own temporaries (made and freed inside one op) do not show on fake tensors; those
 of :data:`KERNEL_TEMPORARIES` are counted for the op's moment, as ATen allocates them on CPU
 and CUDA alike. What it cannot see: other kernels' own temporaries, memory an accelerator
-library takes for itself (cuBLAS workspaces, the CUDA context), and the caching allocator's
-reserve and fragmentation.
+library takes for itself (cuBLAS workspaces, the CUDA context). The caching allocator's
+reserve and fragmentation are not counted here: :attr:`LiveBytes.events` records every
+storage's allocation and free, in order (a kernel's temporaries and a replayed pass's as the
+allocations they stand for), for :mod:`~haepo_ray.llm.capacity.allocator` to replay.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import weakref
 from collections.abc import Iterable, Iterator
@@ -96,6 +99,9 @@ class LiveBytes(TorchDispatchMode):
         self._forced: str | None = None
         self._marks: list[Watermark] = []
         self._hooked = WeakIdKeyDictionary()  # parameters whose gradient is counted
+        # (key, nbytes) an allocation of a storage's bytes, (key, None) its free, in order
+        self.events: list[tuple[int, int | None]] = []
+        self._keys = itertools.count()
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -105,7 +111,8 @@ class LiveBytes(TorchDispatchMode):
     def _add(self, storage: torch.UntypedStorage, category: str) -> None:
         if storage in self._storages or storage.nbytes() == 0:
             return
-        entry = [self._bytes(storage.nbytes()), category]
+        entry = [self._bytes(storage.nbytes()), category, next(self._keys)]
+        self.events.append((entry[2], storage.nbytes()))
         self._storages[storage] = entry
         weakref.finalize(storage, self._free, entry)
         self.live[category] += entry[0]
@@ -117,10 +124,15 @@ class LiveBytes(TorchDispatchMode):
             if self.total > mark.peak_bytes:
                 mark.peak_bytes, mark.at_peak = self.total, dict(self.live)
 
-    def transient(self, change: dict[str, int]) -> None:
+    def transient(self, change: dict[str, int], events: list[tuple[int, int | None]] | None = None) -> None:
         """A change of the counted bytes by category that lasts a moment (made and freed inside
         one op, or a replayed pass's rise, where a category may fall as another grows): it
-        counts towards the peaks of that moment."""
+        counts towards the peaks of that moment. ``events``: the allocations and frees that
+        made it (:meth:`transient_events`; default: one allocation of its rise, freed)."""
+        if events is None:
+            rise = sum(n for n in change.values() if n > 0)
+            events = [(0, rise), (0, None)] if rise else []
+        self._emit(events)
         sizes = {c: n for c, n in change.items() if n}
         for c, n in sizes.items():
             self.live[c] += n
@@ -130,12 +142,30 @@ class LiveBytes(TorchDispatchMode):
             self.live[c] -= n
             self.total -= n
 
+    def transient_events(self, start: int) -> list[tuple[int, int | None]]:
+        """The allocations made and freed in :attr:`events` from index ``start`` on, in order
+        (with keys local to the list): what a replayed pass repeats."""
+        window = self.events[start:]
+        freed = {key for key, nbytes in window if nbytes is None}
+        made = {key for key, nbytes in window if nbytes is not None}
+        return [(key, nbytes) for key, nbytes in window if key in freed and key in made]
+
+    def _emit(self, events: list[tuple[int, int | None]]) -> None:
+        keys: dict[int, int] = {}
+        for key, nbytes in events:
+            if nbytes is None:
+                self.events.append((keys.pop(key), None))
+            else:
+                keys[key] = next(self._keys)
+                self.events.append((keys[key], nbytes))
+
     def add_flops(self, flops: int) -> None:
         """FLOPs of work that was not run (a replayed or extrapolated pass)."""
         for mark in self._marks:
             mark.flops += flops
 
     def _free(self, entry: list) -> None:
+        self.events.append((entry[2], None))
         self.live[entry[1]] -= entry[0]
         self.total -= entry[0]
 
@@ -150,7 +180,7 @@ class LiveBytes(TorchDispatchMode):
 
     def storage_entry(self, tensor: torch.Tensor) -> tuple[int, str]:
         """The bytes counted for ``tensor``'s storage, and their category."""
-        nbytes, category = self._storages[tensor.untyped_storage()]
+        nbytes, category, _ = self._storages[tensor.untyped_storage()]
         return nbytes, category
 
     def track(self, tensors: Iterable[torch.Tensor], category: str) -> None:
@@ -243,5 +273,7 @@ class LiveBytes(TorchDispatchMode):
                 self._add(t.untyped_storage(), category)
         temporaries = KERNEL_TEMPORARIES.get(func)
         if temporaries is not None:
-            self.transient({category: sum(self._bytes(n) for n in temporaries(args, out))})
+            sizes = temporaries(args, out)
+            events = [(i, n) for i, n in enumerate(sizes)] + [(i, None) for i in range(len(sizes))]
+            self.transient({category: sum(self._bytes(n) for n in sizes)}, events)
         return out
