@@ -1,19 +1,23 @@
-"""The blinded human-evaluation form (paper, appendix "Human Evaluation Form").
+"""The blinded human-evaluation forms (paper, appendix "Human Evaluation Form"): one form per
+training seed, as the paper ran it ("the exact questionnaire of a seed ... Each seed had 8
+participants").
 
 Input: the generations that ``haepo llm train --out DIR`` writes to ``DIR/generations.jsonl``,
 one JSON object per completion ``{"update", "prompt_id", "source", "reference", "completion",
 "reward", "algorithm", "model", "seed"}``, from files or from the trial runs of an MLflow
-experiment (artifact ``generations.jsonl``). Output, in one folder:
+experiment (artifact ``generations.jsonl``). Output, in one folder, per training seed ``S``:
 
-- ``form.html`` (:mod:`haepo_ray.llm.eval_page`): one page per post, its summaries by slot
-  number only; nothing in it names an algorithm, model, run or seed.
-- ``key.csv``: one row per post x slot, :data:`KEY_COLUMNS`; ``rouge_l`` is the summary's
-  ROUGE-L F1 against the author's TL;DR, which decides the alignment rate
+- ``form-seedS.html`` (:mod:`haepo_ray.llm.eval_page`): one page per post, its summaries by
+  slot number only; nothing in it names an algorithm, model, run or seed.
+- ``key-seedS.csv``: one row per post x slot, :data:`KEY_COLUMNS`; ``rouge_l`` is the
+  summary's ROUGE-L F1 against the author's TL;DR, which decides the alignment rate
   (:mod:`haepo_ray.llm.eval_score`). Keep it away from the raters.
 
-Selection, all from one ``random.Random(seed)`` so a seed gives one form: per (algorithm,
-model) one run (a random one of its seeds); per run and prompt the completion of its last
-update; ``posts`` random prompts that every chosen run has; per post the slots shuffled.
+Selection, from ``--seed``: per form (training seed) and (algorithm, model) one run of that
+seed (a random one when several runs share it); per run and prompt the completion of its last
+update; ``posts`` random prompts that every chosen run of every form has, the same posts on
+every form; per form and post the slots shuffled. Every form has every (algorithm, model) that
+any of the forms has.
 """
 
 from __future__ import annotations
@@ -137,33 +141,54 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
     return records
 
 
-def pick_posts(records: Iterable[Generation], posts: int, seed: int) -> list[Post]:
-    """``posts`` pages, each with one summary per (algorithm, model) in shuffled slots."""
+def pick_forms(records: Iterable[Generation], posts: int, seed: int,
+               seeds: Sequence[int] | None = None) -> dict[int, list[Post]]:
+    """Training seed -> its form's ``posts`` pages, each with one summary per (algorithm,
+    model) of that seed in shuffled slots; a form per seed of the records, or per ``seeds``."""
     if posts < 1:
         raise ValueError(f"--posts must be at least 1, got {posts}")
-    rng = random.Random(seed)
     latest = _latest_per_run(records)
     if not latest:
         raise LookupError("no generations to build a form from")
-    by_system: dict[tuple[str, str], list[str]] = defaultdict(list)
+    runs: dict[int, dict[tuple[str, str], list[str]]] = defaultdict(lambda: defaultdict(list))
     for run_id, completions in sorted(latest.items()):
-        by_system[next(iter(completions.values())).system].append(run_id)
-    chosen = [rng.choice(by_system[system]) for system in sorted(by_system)]
-    common = set.intersection(*(set(latest[run_id]) for run_id in chosen))
+        first = next(iter(completions.values()))
+        runs[first.seed][first.system].append(run_id)
+    seeds = sorted(runs if seeds is None else set(seeds))
+    missing = [s for s in seeds if s not in runs]
+    if missing:
+        raise LookupError(f"no run has training seed {', '.join(map(str, missing))} "
+                          f"(the runs have seeds {', '.join(map(str, sorted(runs)))})")
+    systems = sorted({system for s in seeds for system in runs[s]})
+    for s in seeds:
+        lacking = [system for system in systems if system not in runs[s]]
+        if lacking:
+            raise LookupError(f"training seed {s} has no run of {_names(lacking)}: every form needs "
+                              f"every algorithm and model ({_names(systems)}); pick --seeds that have them all")
+    rngs = {s: random.Random(f"{seed}/{s}") for s in seeds}  # a form's choices, whatever the other seeds
+    chosen = {s: [rngs[s].choice(runs[s][system]) for system in systems] for s in seeds}
+    common = set.intersection(*(set(latest[run_id]) for s in seeds for run_id in chosen[s]))
     if len(common) < posts:
-        systems = ", ".join(f"{a} on {m}" for a, m in sorted(by_system))
         raise LookupError(f"only {len(common)} prompts have a completion from every algorithm and "
-                          f"model ({systems}); ask for --posts {len(common)} or fewer")
-    pages = []
-    for prompt_id in rng.sample(sorted(common), posts):
-        slots = [latest[run_id][prompt_id] for run_id in chosen]
-        for other in slots[1:]:
-            if (other.source, other.reference) != (slots[0].source, slots[0].reference):
+                          f"model ({_names(systems)}) of training seeds {', '.join(map(str, seeds))}; "
+                          f"ask for --posts {len(common)} or fewer")
+    prompts = random.Random(seed).sample(sorted(common), posts)
+    forms: dict[int, list[Post]] = {s: [] for s in seeds}
+    for prompt_id in prompts:
+        slots = {s: [latest[run_id][prompt_id] for run_id in chosen[s]] for s in seeds}
+        first, *others = (g for s in seeds for g in slots[s])
+        for other in others:
+            if (other.source, other.reference) != (first.source, first.reference):
                 raise ValueError(f"prompt {prompt_id!r} has a different source or reference in runs "
-                                 f"{slots[0].run_id} and {other.run_id} (generations of different data sets?)")
-        rng.shuffle(slots)
-        pages.append(Post(prompt_id, slots[0].source, slots[0].reference, tuple(slots)))
-    return pages
+                                 f"{first.run_id} and {other.run_id} (generations of different data sets?)")
+        for s in seeds:
+            rngs[s].shuffle(slots[s])
+            forms[s].append(Post(prompt_id, first.source, first.reference, tuple(slots[s])))
+    return forms
+
+
+def _names(systems: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f"{a} on {m}" for a, m in systems)
 
 
 def _latest_per_run(records: Iterable[Generation]) -> dict[str, dict[str, Generation]]:
@@ -196,13 +221,18 @@ def key_rows(pages: Sequence[Post]) -> list[dict[str, str]]:
 
 
 def write_form(pages: Sequence[Post], out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``form.html`` and ``key.csv`` into ``out_dir``; return their paths."""
+    """Write the form of one training seed ``S``, ``form-seedS.html`` and ``key-seedS.csv``,
+    into ``out_dir``; return their paths."""
     from haepo_ray.llm.eval_page import render_form
 
+    seeds = {g.seed for page in pages for g in page.slots}
+    if len(seeds) != 1:
+        raise ValueError(f"a form's summaries come from one training seed, these from seeds {sorted(seeds)}")
+    seed = seeds.pop()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = key_rows(pages)
-    form, key = out / "form.html", out / "key.csv"
+    form, key = out / f"form-seed{seed}.html", out / f"key-seed{seed}.csv"
     form.write_text(render_form(pages, rows[0]["form_id"]), encoding="utf-8")
     with key.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, KEY_COLUMNS)

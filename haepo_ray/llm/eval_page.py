@@ -2,17 +2,20 @@
 script, no network), one page per post, shown one at a time.
 
 Per post: the post text and its summaries labelled by slot number only; per summary a rating
-on the paper's scale (:data:`SCALE`) and a radio button "closest to the author's TL;DR"
-(one choice per post: the rater's A/B vote). The author's TL;DR itself is not shown. Nothing
-names an algorithm, model, run or seed; every text is HTML-escaped.
+on the paper's scale (:data:`SCALE`), a radio button "closest to the author's TL;DR" (one
+choice per post: the rater's A/B vote) and an optional free-text comment. The author's TL;DR
+itself is not shown. Nothing names an algorithm, model, run or seed; every text is
+HTML-escaped. The page says which questions are the paper's and which this project added
+(:data:`ORIGIN`, :data:`ORIGIN_NOTE`).
 
 "Export answers" downloads ``answers-<rater>.csv`` (refused, with a list of what is missing,
-until every question and the rater id are answered), one row per post x slot::
+until every rating and vote and the rater id are answered), one row per post x slot::
 
-    form_id,rater,post,slot,rating,closest
+    form_id,rater,post,slot,rating,closest,comment
 
 ``form_id`` ties the answers to the key of this form, ``rating`` is 1-5, ``closest`` is 1 on
-the slot chosen as closest to the author's TL;DR on that post and 0 on the others.
+the slot chosen as closest to the author's TL;DR on that post and 0 on the others,
+``comment`` the rater's comment on that summary (empty when none).
 """
 
 from __future__ import annotations
@@ -28,7 +31,17 @@ if TYPE_CHECKING:
 SCALE = {1: "Poor", 2: "Fair", 3: "Good", 4: "Very Good", 5: "Excellent"}
 SCALE_TEXT = ", ".join(f"{n} {label}" for n, label in SCALE.items())
 EMPTY_SUMMARY = "(this summary is empty: the system wrote nothing)"  # rated like any other
-ANSWER_COLUMNS = ("form_id", "rater", "post", "slot", "rating", "closest")
+ANSWER_COLUMNS = ("form_id", "rater", "post", "slot", "rating", "closest", "comment")
+# Where each question comes from. The paper's questionnaire (appendix "Human Evaluation Form")
+# rates every summary 1-5, and its "Qualitative Feedback" quotes open-ended comments; its
+# alignment rate counts "human A/B votes", but its form shows no such question: the
+# "closest to the author's TL;DR" vote, scored by ROUGE-L, is this project's.
+ORIGIN = {"rating": "paper", "comment": "paper", "closest": "project"}
+# Names no algorithm (the paper's name is one): the raters stay blind.
+ORIGIN_NOTE = ("The 1-5 rating and the comments are the questions of the paper this evaluation "
+               "repeats (its appendix \"Human Evaluation Form\" and the open-ended comments of its "
+               "\"Qualitative Feedback\"); the vote for the summary closest to the author's TL;DR "
+               "was added by this project.")
 
 _CSS = """
 body{font:16px/1.5 system-ui,sans-serif;max-width:52rem;margin:0 auto;padding:1rem 1rem 6rem;color:#222}
@@ -37,6 +50,9 @@ blockquote{white-space:pre-wrap;background:#f5f5f5;border-left:4px solid #888;ma
 .summary p{white-space:pre-wrap;font-style:italic}
 .summary p.empty{font-style:normal;color:#777}
 .scale label,.closest{margin-right:1rem;white-space:nowrap}
+label.comment{display:block;margin-top:.5rem}
+label.comment textarea{display:block;width:100%;box-sizing:border-box;font:inherit}
+.origin{color:#555;font-size:.9em}
 footer{position:fixed;bottom:0;left:0;right:0;background:#fff;border-top:1px solid #ccc;padding:.5rem 1rem}
 #status{color:#a00}
 @media print{section[hidden]{display:block}section{page-break-after:always}footer{position:static}}
@@ -71,7 +87,8 @@ function exportAnswers() {
       const rating = summary.querySelector('input.rating:checked');
       if (!rating) missing.push('post ' + post + ', summary ' + slot + ': a rating');
       rows.push([formId, rater, post, slot, rating ? rating.value : '',
-                 chosen && chosen.value === slot ? 1 : 0]);
+                 chosen && chosen.value === slot ? 1 : 0,
+                 summary.querySelector('textarea.comment').value.trim()]);
     }
   }
   const status = document.getElementById('status');
@@ -105,9 +122,10 @@ def render_form(pages: Sequence[Post], form_id: str) -> str:
 <body data-form="{escape(form_id)}">
 <h1>Summary evaluation</h1>
 <p>You will be shown {len(pages)} posts, one per page. Read the post, then rate each of its
-{slots} summaries on the scale {SCALE_TEXT}, and pick the one summary you think is closest
-to the TL;DR the author would write. The summaries are shuffled; you are not told who or what
-wrote them.</p>
+{slots} summaries on the scale {SCALE_TEXT}, pick the one summary you think is closest
+to the TL;DR the author would write, and, if you like, comment on any summary. The summaries
+are shuffled; you are not told who or what wrote them.</p>
+<p class="origin">About the questions: {escape(ORIGIN_NOTE)}</p>
 <p>When you are done, enter your rater id below and press <b>Export answers</b>: it downloads
 a CSV file of your answers; send that file back.</p>
 {sections}
@@ -142,7 +160,9 @@ def _summary(post: int, slot: int, text: str) -> str:
     return f"""<div class="summary" data-slot="{slot}">
 <h3>Summary {slot}</h3>
 {shown}
-<div class="scale">{ratings}</div>
-<label class="closest"><input type="radio" class="closest-choice" name="closest-{post}" value="{slot}">
+<div class="scale" data-origin="{ORIGIN["rating"]}">{ratings}</div>
+<label class="closest" data-origin="{ORIGIN["closest"]}"><input type="radio" class="closest-choice" name="closest-{post}" value="{slot}">
 Closest to the author's TL;DR (one per post)</label>
+<label class="comment" data-origin="{ORIGIN["comment"]}">Comments on summary {slot} (optional)
+<textarea class="comment" name="comment-{post}-{slot}" rows="2"></textarea></label>
 </div>"""

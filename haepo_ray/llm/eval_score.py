@@ -1,14 +1,27 @@
-"""Scores of the blinded human evaluation: ``key.csv`` and the raters' exported answers ->
-the paper's table (Table "Human evaluation ... on the TL;DR dataset") and the alignment rate.
+"""Scores of the blinded human evaluation: the forms' keys (``key-seedS.csv``) and the raters'
+exported answers -> the paper's table (Table "Human evaluation (mean +- std) on the TL;DR
+dataset"), per training seed and pooled over seeds, the alignment rate, and the raters'
+comments.
 
-- Rating of an (algorithm, model): each rater's mean rating of its summaries, then the mean
-  and the *sample* standard deviation (ddof 1) of those over raters, as the paper reports
-  "mean +- 1 std across participants" (with one rater the std is undefined: nan).
-- Alignment rate (paper, "Metrics & Evaluation": "fraction of human A/B votes in which the
-  preferred summary matches the original poster's TL;DR"): a vote is a rater's one
-  "closest to the author's TL;DR" choice on a post (raters do not see that TL;DR); it is
-  aligned when the chosen summary has the highest ROUGE-L F1 against the author's TL;DR of
-  that post's summaries (key column ``rouge_l``; any of tied best ones counts).
+Each answer row goes to the form whose key has its ``form_id``; a row whose form id is none of
+the keys' is refused. A rater is one rater id on one form (the paper's participants each
+answered one seed's form: "Each seed had 8 participants").
+
+- Rating of an (algorithm, model), the paper's question: each rater's mean rating of its
+  summaries, then the mean and the *sample* standard deviation (ddof 1) of those rater means:
+  per seed over the raters of that seed's forms; pooled over all raters of all seeds, each
+  rater once (not a mean of seed means), as the paper reports "mean +- 1 std across 40
+  participants evaluating summaries generated from five random seeds". With one rater the
+  std is undefined: nan.
+- Alignment rate, this project's question (the paper's "Metrics & Evaluation" defines it as
+  the "fraction of human A/B votes in which the preferred summary matches the original
+  poster's TL;DR", but its form shows no such vote): a vote is a rater's one "closest to the
+  author's TL;DR" choice on a post (raters do not see that TL;DR); it is aligned when the
+  chosen summary has the highest ROUGE-L F1 against the author's TL;DR of that post's
+  summaries (key column ``rouge_l``; any of tied best ones counts). Pooled: the aligned votes
+  of all forms over all their votes.
+- Comments, the paper's open-ended comments: each non-empty one with its seed, post and
+  system, for a CSV file (:data:`COMMENT_COLUMNS`), not the table.
 """
 
 from __future__ import annotations
@@ -25,16 +38,27 @@ from haepo_ray.llm.eval_form import KEY_COLUMNS
 from haepo_ray.llm.eval_page import ANSWER_COLUMNS, SCALE, SCALE_TEXT
 from haepo_ray.tables import format_table
 
+COMMENT_COLUMNS = ("seed", "form_id", "post", "prompt_id", "slot", "algorithm", "model", "rater", "comment")
+
 
 @dataclass(frozen=True)
 class KeyRow:
-    form_id: str
     post: int
     slot: int
+    prompt_id: str
     algorithm: str
     model: str
-    run_id: str
     rouge_l: float
+
+
+@dataclass(frozen=True)
+class Key:
+    """One form's key: the file it was read from, its form id, training seed and slots."""
+
+    path: str
+    form_id: str
+    seed: int
+    slots: dict[tuple[int, int], KeyRow]  # (post, slot) -> row
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,7 @@ class Answer:
     slot: int
     rating: int
     closest: bool
+    comment: str
     where: str  # "FILE line N", for error messages
 
 
@@ -65,6 +90,14 @@ class Scores:
     @property
     def alignment_rate(self) -> float:
         return self.aligned / self.votes
+
+
+@dataclass(frozen=True)
+class Report:
+    seeds: dict[int, Scores]  # training seed -> the scores of its forms' raters
+    pooled: Scores  # over every rater of every seed
+    comments: list[dict[str, str]]  # rows of COMMENT_COLUMNS
+    unanswered: list[str]  # keys of forms that no answer is to
 
 
 def _rows(path: str | Path, columns: Sequence[str]) -> Iterable[tuple[str, dict[str, str]]]:
@@ -93,25 +126,31 @@ def _number(where: str, row: dict[str, str], column: str, kind: type = int):
                          f"got {row[column]!r}") from None
 
 
-def read_key(path: str | Path) -> list[KeyRow]:
-    """The rows of a ``key.csv`` written by :func:`haepo_ray.llm.eval_form.write_form`."""
-    key, seen = [], set()
+def read_key(path: str | Path) -> Key:
+    """A ``key-seedS.csv`` written by :func:`haepo_ray.llm.eval_form.write_form`: one form id
+    and one training seed on every row."""
+    first: tuple[str, int] | None = None
+    slots: dict[tuple[int, int], KeyRow] = {}
     for where, row in _rows(path, KEY_COLUMNS):
-        k = KeyRow(row["form_id"], _number(where, row, "post"), _number(where, row, "slot"),
-                   row["algorithm"], row["model"], row["run_id"], _number(where, row, "rouge_l", float))
-        if (k.post, k.slot) in seen:
+        k = KeyRow(_number(where, row, "post"), _number(where, row, "slot"), row["prompt_id"],
+                   row["algorithm"], row["model"], _number(where, row, "rouge_l", float))
+        form = row["form_id"], _number(where, row, "seed")
+        first = first or form
+        if (k.post, k.slot) in slots:
             raise ValueError(f"{where}: post {k.post} slot {k.slot} appears twice")
-        if key and k.form_id != key[0].form_id:
-            raise ValueError(f"{where}: form_id {k.form_id} differs from the first row's {key[0].form_id}")
-        seen.add((k.post, k.slot))
-        key.append(k)
-    if not key:
+        if form[0] != first[0]:
+            raise ValueError(f"{where}: form_id {form[0]} differs from the first row's {first[0]}")
+        if form[1] != first[1]:
+            raise ValueError(f"{where}: seed {form[1]} differs from the first row's {first[1]} "
+                             f"(a form's summaries come from one training seed)")
+        slots[k.post, k.slot] = k
+    if first is None:
         raise ValueError(f"{path}: the key has no rows")
-    return key
+    return Key(str(path), first[0], first[1], slots)
 
 
 def read_answers(paths: Iterable[str | Path]) -> list[Answer]:
-    """The rows of the answers CSVs that ``form.html`` exports."""
+    """The rows of the answers CSVs that the forms export."""
     answers = []
     for path in paths:
         for where, row in _rows(path, ANSWER_COLUMNS):
@@ -123,63 +162,112 @@ def read_answers(paths: Iterable[str | Path]) -> list[Answer]:
             if not row["rater"].strip():
                 raise ValueError(f"{where}: the rater id is empty")
             answers.append(Answer(row["form_id"], row["rater"].strip(), _number(where, row, "post"),
-                                  _number(where, row, "slot"), rating, bool(closest), where))
+                                  _number(where, row, "slot"), rating, bool(closest),
+                                  row["comment"].strip(), where))
     return answers
 
 
-def score(key: Sequence[KeyRow], answers: Sequence[Answer]) -> Scores:
-    """Ratings per (algorithm, model) and the alignment rate; ``ValueError`` naming the file
-    and line of an answer that does not fit the key."""
-    slots = {(k.post, k.slot): k for k in key}
-    form_id = key[0].form_id
-    seen: dict[tuple[str, int, int], str] = {}
-    per_post: dict[tuple[str, int], list[Answer]] = defaultdict(list)
-    ratings: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for a in answers:
-        if a.form_id != form_id:
-            raise ValueError(f"{a.where}: form_id {a.form_id} is not this key's {form_id} "
-                             f"(answers to another form?)")
-        if (a.post, a.slot) not in slots:
-            raise ValueError(f"{a.where}: post {a.post} slot {a.slot} is not in the key")
-        if (a.rater, a.post, a.slot) in seen:
-            raise ValueError(f"{a.where}: rater {a.rater!r} answered post {a.post} slot {a.slot} "
-                             f"already ({seen[a.rater, a.post, a.slot]})")
-        seen[a.rater, a.post, a.slot] = a.where
-        per_post[a.rater, a.post].append(a)
-        k = slots[a.post, a.slot]
-        ratings[k.algorithm, k.model][a.rater].append(a.rating)
+def score(keys: Sequence[Key], answers: Sequence[Answer]) -> Report:
+    """Ratings per (algorithm, model) and alignment rates per training seed and pooled, and the
+    comments; ``ValueError`` naming the file and line of an answer that fits no key."""
+    forms: dict[str, Key] = {}
+    for key in keys:
+        if key.form_id in forms:
+            raise ValueError(f"{key.path}: form_id {key.form_id} is also the one of {forms[key.form_id].path} "
+                             f"(the same form's key given twice?)")
+        forms[key.form_id] = key
     if not answers:
         raise ValueError("no answers to score")
-    best = defaultdict(lambda: -math.inf)
-    for k in key:
-        best[k.post] = max(best[k.post], k.rouge_l)
-    aligned = 0
-    for (rater, post), rows in per_post.items():
+    seen: dict[tuple[str, str, int, int], str] = {}
+    per_post: dict[tuple[str, str, int], list[Answer]] = defaultdict(list)  # (form, rater, post)
+    ratings: dict[tuple[str, str], dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
+    comments = []
+    for a in answers:
+        key = forms.get(a.form_id)
+        if key is None:
+            known = ", ".join(f"{k.form_id} ({k.path})" for k in keys)
+            raise ValueError(f"{a.where}: form_id {a.form_id} matches none of the keys given: {known} "
+                             f"(answers to another form? give its key too)")
+        k = key.slots.get((a.post, a.slot))
+        if k is None:
+            raise ValueError(f"{a.where}: post {a.post} slot {a.slot} is not in the key {key.path}")
+        if (a.form_id, a.rater, a.post, a.slot) in seen:
+            raise ValueError(f"{a.where}: rater {a.rater!r} answered post {a.post} slot {a.slot} of form "
+                             f"{a.form_id} already ({seen[a.form_id, a.rater, a.post, a.slot]})")
+        seen[a.form_id, a.rater, a.post, a.slot] = a.where
+        per_post[a.form_id, a.rater, a.post].append(a)
+        ratings[k.algorithm, k.model][a.form_id, a.rater].append(a.rating)
+        if a.comment:
+            comments.append({"seed": str(key.seed), "form_id": a.form_id, "post": str(a.post),
+                             "prompt_id": k.prompt_id, "slot": str(a.slot), "algorithm": k.algorithm,
+                             "model": k.model, "rater": a.rater, "comment": a.comment})
+    aligned: dict[tuple[str, str, int], bool] = {}
+    for (form_id, rater, post), rows in per_post.items():
         chosen = [a for a in rows if a.closest]
         if len(chosen) != 1:
             raise ValueError(f"{rows[0].where}: rater {rater!r} chose {len(chosen)} summaries of post "
                              f"{post} as closest to the author's TL;DR; exactly one is needed")
-        aligned += slots[post, chosen[0].slot].rouge_l == best[post]
-    cells = {}
-    for system, by_rater in ratings.items():
-        means = [statistics.fmean(r) for r in by_rater.values()]
-        std = statistics.stdev(means) if len(means) > 1 else math.nan
-        cells[system] = Cell(statistics.fmean(means), std, len(means))
-    return Scores(cells, aligned, len(per_post), len({a.rater for a in answers}))
+        slots = forms[form_id].slots
+        best = max(k.rouge_l for (p, _), k in slots.items() if p == post)
+        aligned[form_id, rater, post] = slots[post, chosen[0].slot].rouge_l == best
+    means = {system: {rater: statistics.fmean(r) for rater, r in by_rater.items()}
+             for system, by_rater in ratings.items()}
+
+    def scores(form_ids: set[str]) -> Scores:
+        cells = {}
+        for system, by_rater in means.items():
+            values = [m for (form_id, _), m in by_rater.items() if form_id in form_ids]
+            if values:
+                std = statistics.stdev(values) if len(values) > 1 else math.nan
+                cells[system] = Cell(statistics.fmean(values), std, len(values))
+        votes = [ok for (form_id, _, _), ok in aligned.items() if form_id in form_ids]
+        raters = {(form_id, rater) for form_id, rater, _ in aligned if form_id in form_ids}
+        return Scores(cells, sum(votes), len(votes), len(raters))
+
+    answered = {form_id for form_id, _, _ in aligned}
+    seeds = sorted({forms[form_id].seed for form_id in answered})
+    comments.sort(key=lambda c: (int(c["seed"]), c["form_id"], int(c["post"]), int(c["slot"]), c["rater"]))
+    return Report({s: scores({f for f in answered if forms[f].seed == s}) for s in seeds},
+                  scores(answered), comments, [k.path for k in keys if k.form_id not in answered])
 
 
-def format_scores(scores: Scores) -> str:
-    """The paper's table (rows model, columns algorithm, mean +- std) and the alignment rate."""
+def write_comments(report: Report, path: str | Path) -> Path:
+    """Write the report's comments, :data:`COMMENT_COLUMNS`, to the CSV file ``path``."""
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, COMMENT_COLUMNS)
+        writer.writeheader()
+        writer.writerows(report.comments)
+    return path
+
+
+def format_report(report: Report) -> str:
+    """Per training seed and pooled: the paper's table (rows model, columns algorithm, mean +-
+    std) and the alignment rate; then what each number is and whose question it is."""
+    seeds = ", ".join(map(str, report.seeds))
+    blocks = [_block(f"seed {s}", scores) for s, scores in report.seeds.items()]
+    blocks.append(_block(f"pooled over seeds {seeds}", report.pooled))
+    notes = [
+        f"rating 1-5 ({SCALE_TEXT}), the paper's question: each rater's mean rating of a system's "
+        f"summaries, then mean ± sample std of those across raters (per seed: that seed's raters; "
+        f"pooled: all raters of all seeds, each once); a rater is one rater id on one form",
+        "alignment rate, added by this project (the paper's form has no such question): the fraction "
+        "of the raters' \"closest to the author's TL;DR\" votes that chose the summary with the "
+        "highest ROUGE-L F1 against the author's TL;DR (pooled: all votes of all seeds)",
+    ]
+    if report.unanswered:
+        notes.append(f"no answers to the forms of: {', '.join(report.unanswered)}")
+    return "\n\n".join(blocks) + "\n\n" + "\n".join(notes)
+
+
+def _block(title: str, scores: Scores) -> str:
     algorithms = sorted({a for a, _ in scores.cells})
     models = sorted({m for _, m in scores.cells})
     rows = [[model, *(_cell(scores.cells.get((a, model))) for a in algorithms)] for model in models]
     return "\n".join([
+        f"{title} ({scores.raters} raters)",
         format_table(["Model", *algorithms], rows),
-        "",
-        f"rating 1-5 ({SCALE_TEXT}): mean ± sample std "
-        f"over {scores.raters} raters of each rater's mean",
-        f"alignment rate: {scores.alignment_rate:.3f} ({scores.aligned} of {scores.votes} votes chose "
-        f"the summary closest to the author's TL;DR by ROUGE-L)",
+        f"alignment rate: {scores.alignment_rate:.3f} ({scores.aligned} of {scores.votes} votes)",
     ])
 
 
