@@ -121,11 +121,13 @@ def test_eval_form_from_the_smoke_sweep(smoke, tmp_path, capsys):
 
     assert main(["llm", "eval-form", "--experiment", "llm_smoke", "--tracking-uri", server.uri,
                  "--out", str(tmp_path / "eval"), "--posts", "2", "--seed", "0"]) == 0
-    form = (tmp_path / "eval" / "form.html").read_text()
-    with (tmp_path / "eval" / "key.csv").open() as f:
-        key = list(csv.DictReader(f))
-    assert {row["algorithm"] for row in key} == {"HAEPO", "GRPO", "DPO"} and len(key) == 6
-    assert not any(row["run_id"] in form for row in key) and "HAEPO" not in form
+    for seed in (0, 1):  # one form per training seed, every system of it from that seed
+        form = (tmp_path / "eval" / f"form-seed{seed}.html").read_text()
+        with (tmp_path / "eval" / f"key-seed{seed}.csv").open() as f:
+            key = list(csv.DictReader(f))
+        assert {row["algorithm"] for row in key} == {"HAEPO", "GRPO", "DPO"} and len(key) == 6
+        assert {row["seed"] for row in key} == {str(seed)}
+        assert not any(row["run_id"] in form for row in key) and "HAEPO" not in form
 
 
 def test_report_of_the_smoke_sweep(smoke, tmp_path):
