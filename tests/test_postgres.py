@@ -20,13 +20,14 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from drivers import kill_driver_when, logged_rows, resume_driver, start_driver, sweep_args
+from drivers import kill_driver_when, resume_driver, start_driver, sweep_args
 from helpers import ENV_STEPS, LOGGED, SMOKE, MLflowServer, free_port
 
 ITERATIONS = {"pg-resumed": 10, "pg-steady": 20}  # the steady sweep goes on while the other resumes
@@ -86,6 +87,16 @@ class PostgresCluster:
                 return cur.fetchall() if cur.description else []
         finally:
             conn.close()
+
+    def logged_rows(self, experiment: str) -> Counter:
+        """How often the store holds each (trial run, metric, step) of ``experiment``: every row
+        of its metrics table (what drivers.logged_rows reads through MLflow's client, one
+        request per run and metric: seconds here)."""
+        return Counter({(run, key, step): n for run, key, step, n in self.sql(
+            "mlflow", "select m.run_uuid, m.key, m.step, count(*) from metrics m "
+                      "join runs r on r.run_uuid = m.run_uuid join experiments e on e.experiment_id = r.experiment_id "
+                      "join tags t on t.run_uuid = m.run_uuid and t.key = 'haepo.role' and t.value = 'trial' "
+                      "where e.name = %s group by m.run_uuid, m.key, m.step", experiment)})
 
     def metric_rows(self, experiment: str, key: str) -> int:
         return self.sql("mlflow", "select count(*) from metrics m join runs r on r.run_uuid = m.run_uuid "
@@ -158,7 +169,7 @@ def test_two_sweeps_at_once_on_postgresql_one_killed_and_resumed(ray_session, po
             # The (resumed) driver's summary names the runs, those made before the kill included.
             assert {t["trial_id"]: t["run_id"] for t in trials} == {
                 c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}, name
-            logged = logged_rows(server.uri, name)
+            logged = postgres.logged_rows(name)
             assert not {k: n for k, n in logged.items() if n > 1}, f"{name}: logged more than once"
             for run in children:
                 for key in EVERY_ITERATION:
