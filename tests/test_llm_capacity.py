@@ -264,7 +264,11 @@ def test_memory_command_prints_the_table_and_json(capsys):
     peak = {r["algo"]: r["peak_phase"] for r in result["results"]}
     # the table marks one row per algorithm, its peak phase
     assert re.findall(r"^(\w+) +(\w+) \* ", out, re.M) == list(peak.items()), out
-    assert re.search(rf"^DPO: peak [\d.]+ GiB in {peak['DPO']} \(fits 40 GiB\)", out, re.M), out
+    dpo = result["results"][1]
+    assert re.search(rf"^DPO: allocated peak {dpo['allocated_bytes'] / 2**30:.2f} GiB in {peak['DPO']}; reserved "
+                     rf"{dpo['reserved_bytes'] / 2**30:.2f} GiB \(allocator [\d.]+, cuBLAS [\d.]+, CUDA context "
+                     rf"[\d.]+\) \(fits 40 GiB\)", out, re.M), out
+    assert dpo["reserved_bytes"] == sum(dpo["reserved"].values()) > dpo["allocated_bytes"]
     assert set(result["results"][0]["phases"]) == set(PHASES)
     assert result["results"][0]["trainable"] < result["results"][0]["parameters"] / 10  # LoRA
 

@@ -18,6 +18,10 @@ from haepo_ray.tables import format_table
 __all__ = ["add_parser"]
 
 GIB = 2**30
+# the parts of the reserved estimate, as the summary names them
+_RESERVED_LABELS = (("allocator", "allocator_reserved"), ("cuBLAS", "cublas_workspace_bytes"),
+                    ("all-reduce", "allreduce_reserved_bytes"), ("CUDA context", "cuda_context_bytes"),
+                    ("NCCL", "nccl_buffer_bytes"))
 # The settings that change a step's memory or a run's time (the rest change neither).
 _FIELDS = ("model", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
            "gradient_checkpointing", "lora_r", "lora_target_modules", "sft_examples", "rl_updates")
@@ -80,13 +84,17 @@ def cmd_llm_memory(args: argparse.Namespace) -> int:
     limit = accelerator.memory_gib
     for r in results:
         est = r["estimate"]
-        peak = est.peak_bytes / GIB
-        print(f"{est.algo}: peak {peak:.2f} GiB in {est.peak_phase} ({'fits' if peak <= limit else 'does not fit'} "
-              f"{limit:g} GiB), {est.update_flops / 1e12:.1f} TFLOP per update, at least "
+        peak, reserved = est.allocated_bytes / GIB, est.reserved_bytes / GIB
+        parts = ", ".join(f"{label} {getattr(est, name) / GIB:.2f}" for label, name in _RESERVED_LABELS
+                          if getattr(est, name))
+        print(f"{est.algo}: allocated peak {peak:.2f} GiB in {est.peak_phase}; reserved {reserved:.2f} GiB "
+              f"({parts}) ({'fits' if reserved <= limit else 'does not fit'} {limit:g} GiB), "
+              f"{est.update_flops / 1e12:.1f} TFLOP per update, at least "
               f"{r['run_s'] / 60:.1f} min for {s.sft_examples} SFT examples + {s.rl_updates} updates "
               f"[simulated in {r['simulated_in_s']:.1f} s]")
-    print("* the phase that sets the peak. Not counted: the CUDA context, library workspaces, allocator "
-          "fragmentation (haepo_ray/llm/capacity).")
+    print("* the phase that sets the peak. Reserved: the caching allocator's segments replayed over the step, "
+          "and the CUDA context, cuBLAS workspaces, NCCL buffers as stated in haepo_ray/llm/capacity/estimate.py; "
+          "the fit is on reserved.")
     return 0
 
 

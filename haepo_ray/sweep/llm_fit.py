@@ -3,9 +3,11 @@
 Each distinct configuration of a sweep's trials (the settings that change memory,
 :data:`~haepo_ray.llm.capacity.estimate.MEMORY_FIELDS`) is simulated once
 (:func:`~haepo_ray.llm.capacity.estimate.estimate`: CUDA's accounting, one Ray Train worker's
-share of the prompts, prompts of ``llm.prompt_tokens``). A worker needs its simulated peak
-plus ``llm.gpu_reserve_gb``: what the simulation does not see (the CUDA context, library
-workspaces, the caching allocator's fragmentation). Trials that need more than the GPU's
+share of the prompts, prompts of ``llm.prompt_tokens``). A worker needs its estimated
+*reserved* memory (the caching allocator's segments replayed over the step, the CUDA context,
+cuBLAS's workspaces, NCCL's buffers and the all-reduce's buffer when it has peers:
+:mod:`~haepo_ray.llm.capacity.estimate`) plus ``llm.gpu_reserve_gb``, a margin for what the
+estimate does not see (other kernels' workspaces, NCCL beyond its buffers). Trials that need more than the GPU's
 memory are refused with what dominates their peak and the settings that shrink it; with
 ``gpus_per_worker: auto`` each worker asks Ray for the fraction of a GPU it needs, so small
 trials share one. Every trial's config carries its estimate (:data:`CONFIG_KEY`), which MLflow
@@ -38,11 +40,13 @@ ADVICE = {
 
 @dataclass(frozen=True)
 class TrialEstimate:
-    """One worker's simulated peak (GiB), the phase of the peak and what was live then, by category."""
+    """One worker's simulated peak (GiB), the phase of the peak and what was live then, by
+    category, and its estimated reserved memory (GiB: what is held to the GPU's memory)."""
 
     peak_gib: float
     phase: str
     categories: dict[str, float]
+    reserved_gib: float
 
     @property
     def largest(self) -> str:
@@ -68,8 +72,8 @@ def estimate_keys(keys: Iterable[tuple], *, prompt_tokens: int, workers: int) ->
         est = estimate(LLMTrainSettings(**dict(zip(MEMORY_FIELDS, key, strict=True))), prompt_tokens=prompt_tokens,
                        workers=max(workers, 1))
         peak = est.phases[est.peak_phase]
-        estimates[key] = TrialEstimate(est.peak_bytes / GIB, est.peak_phase,
-                                       {c: b / GIB for c, b in peak.categories.items() if b})
+        estimates[key] = TrialEstimate(est.allocated_bytes / GIB, est.peak_phase,
+                                       {c: b / GIB for c, b in peak.categories.items() if b}, est.reserved_bytes / GIB)
     return estimates
 
 
@@ -84,7 +88,7 @@ class GPUFit:
     estimates: dict[tuple, TrialEstimate]
 
     def need_gib(self, key: tuple) -> float:
-        return self.estimates[key].peak_gib + self.reserve_gib
+        return self.estimates[key].reserved_gib + self.reserve_gib
 
     def fits(self, key: tuple) -> bool:
         return self.limit_gib is None or self.need_gib(key) <= self.limit_gib
@@ -100,7 +104,8 @@ class GPUFit:
         """Why a trial with this key cannot run: the estimate, the limit, what dominates."""
         est = self.estimates[key]
         largest = est.largest
-        return (f"estimated peak {est.peak_gib:.3g} GiB in {est.phase} + {self.reserve_gib:g} GiB reserve > "
+        return (f"estimated reserved {est.reserved_gib:.3g} GiB (allocated peak {est.peak_gib:.3g} GiB in {est.phase})"
+                f" + {self.reserve_gib:g} GiB reserve > "
                 f"{self.limit_gib:g} GiB ({self.limit_source}); {largest} {est.categories[largest]:.3g} GiB of it: "
                 f"try {ADVICE.get(largest, 'a smaller model')}")
 
@@ -110,7 +115,8 @@ class GPUFit:
                                                 "reserve_gib": self.reserve_gib, "prompt_tokens": self.prompt_tokens}
         if key is not None:
             est = self.estimates[key]
-            entry |= {"estimated_peak_gib": round(est.peak_gib, 3), "peak_phase": est.phase}
+            entry |= {"estimated_peak_gib": round(est.peak_gib, 3), "peak_phase": est.phase,
+                      "estimated_reserved_gib": round(est.reserved_gib, 3)}
         return entry
 
 

@@ -224,7 +224,8 @@ class LLMPlan(Plan):
         if self.fit is None or self._trial_estimates:
             return {}
         est = self.estimate_of(values)
-        columns = {"peak GiB (est.)": float(f"{est.peak_gib:.3g}"), "in": est.phase}
+        columns = {"reserved GiB (est.)": float(f"{est.reserved_gib:.3g}"), "peak GiB (est.)": float(f"{est.peak_gib:.3g}"),
+                   "in": est.phase}
         if self.spec.llm.gpus_per_worker == "auto":
             columns["GPU/worker"] = self._worker_resources(values)["GPU"]
         return columns
@@ -239,7 +240,7 @@ class LLMPlan(Plan):
                  if fit.limit_gib is not None else "no limit known: set llm.gpu_memory_gb to refuse what cannot fit")
         how = ("each trial estimates itself when it starts (Optuna suggests its memory settings)"
                if self._trial_estimates else f"{len(fit.estimates)} distinct configuration(s) simulated")
-        return (f"GPU memory: one worker's simulated peak (prompts of {llm.prompt_tokens} tokens), "
+        return (f"GPU memory: one worker's estimated reserved memory (prompts of {llm.prompt_tokens} tokens), "
                 f"{limit}; {how}")
 
     def trial_config(self, values: dict[str, Any], *, validate: bool = True):
