@@ -36,15 +36,24 @@ def short_trials() -> dict:
 
 
 def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp_path, monkeypatch):
+    """The race: a trial ends (its actor is cached) while the actor launched for a pending trial
+    is still starting; unpatched, Tune gives that trial the cached actor and kills the starting
+    one. Its interleaving cannot be forced from outside Tune's scheduling (it is the actors'
+    start, seconds of imports, against one-iteration trials); the test asserts that it happened:
+    some trial offered a cached actor had its own actor starting (``asked``), and no actor Tune
+    removed was starting (``removed``)."""
     synced = []  # files copied into the experiment's folder by each patched sync
     sync_folder = tune_private.sync_folder
     monkeypatch.setattr(tune_private, "sync_folder", lambda **kw: synced.append(sync_folder(**kw)) or synced[-1])
     removed = []  # for each actor Tune removed: was it starting?
-    remove_actor = TuneController._remove_actor
+    remove_actor, launching = TuneController._remove_actor, tune_private.launching
 
     def recording_remove(self, tracked_actor, *args, **kwargs):
-        removed.append(tune_private.launching(self, tracked_actor))
+        removed.append(launching(self, tracked_actor))
         return remove_actor(self, tracked_actor, *args, **kwargs)
+
+    asked = []  # each time the patch checks a trial offered a cached actor: was its own actor starting?
+    monkeypatch.setattr(tune_private, "launching", lambda *a: asked.append(launching(*a)) or asked[-1])
 
     monkeypatch.setattr(TuneController, "_remove_actor", recording_remove)
     recorder = TrialRecorder()
@@ -53,6 +62,9 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
     assert sorted(t.values["seed"] for t in result.trials) == list(range(TRIALS))
     assert all(t.status == "TERMINATED" and t.iterations == 1 for t in result.trials)
     assert removed and not any(removed), f"{sum(removed)} of {len(removed)} removed actors were starting"
+    # ... and not because no removal met a starting actor: the race happened (150 of 160 checks
+    # met a starting actor in a run here) and the patch kept the starting actors.
+    assert any(asked), f"no trial offered a cached actor had its own actor starting ({len(asked)} checks)"
 
     for trial in recorder.trials:  # released: no deques, no second config; the statistics stay
         assert trial.run_metadata.metric_n_steps == {}
@@ -123,13 +135,20 @@ def test_a_copy_cut_short_leaves_the_old_file_and_nothing_tune_reads(tmp_path, m
     assert fnmatch.filter(os.listdir(destination), TuneController.CKPT_FILE_TMPL.format("*")) \
         == ["experiment_state-1.json"]
 
+    rewrites = []
+
     def rewritten_meanwhile(src, dst):  # Tune's next save lands while the copy runs
         Path(dst).write_bytes(Path(src).read_bytes())
         Path(src).write_text('{"trial_data": [1, 2, 3, 4]}')
+        rewrites.append((src, dst))
 
     monkeypatch.setattr(shutil, "copyfile", rewritten_meanwhile)
     assert tune_private.sync_folder(str(source), str(destination), copied) == 0
     assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1]}'
+    # The race happened: the state was copied once, into the temporary, and changed meanwhile;
+    # the copy was thrown away (and with it what the cut-short copy above had left there).
+    assert rewrites == [(str(state), str(destination / ".experiment_state-1.json.tmp"))]
+    assert sorted(os.listdir(destination)) == ["experiment_state-1.json"]
     monkeypatch.undo()
     assert tune_private.sync_folder(str(source), str(destination), copied) == 1
     assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1, 2, 3, 4]}'
