@@ -15,6 +15,9 @@ public ``events()`` folds allocations into the ops that made them and loses thei
 
 :func:`measure_cuda` runs the same script on a CUDA device (where there is one) and reads each
 phase's peak from ``torch.cuda.max_memory_allocated``: the comparison for ``target="cuda"``.
+:func:`run_cuda` also gives each phase's wall time and the caching allocator's peak reserved
+bytes (``torch.cuda.max_memory_reserved``), and :func:`time_step` the phases' wall times on
+the CPU (``bench/gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +37,7 @@ from haepo_ray.llm.capacity.steps import Shapes, group_sampling, run_steps
 from haepo_ray.llm.rollout import sample_completions
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["MeasuredPhase", "measure", "measure_cuda"]
+__all__ = ["MeasuredPhase", "RealStep", "measure", "measure_cuda", "run_cuda", "time_step"]
 
 _PREFIX = "haepo.phase."
 
@@ -99,16 +103,39 @@ def measure(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[str
     return _phase_peaks(prof.profiler.kineto_results.events())
 
 
-class _CudaPeaks(_Marks):
-    """Each phase's peak and starting bytes from CUDA's allocator statistics."""
+class _Timed(_Marks):
+    """Each phase's wall time (a phase entered twice: the sum), the device synchronised around it."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.peaks: dict[str, MeasuredPhase] = {}
+        self.seconds: dict[str, float] = {}
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        torch.cuda.synchronize(self.device)
+        self._sync()
+        start = time.perf_counter()
+        with self._inside(name):
+            yield
+        self._sync()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def _inside(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class _CudaPeaks(_Timed):
+    """Each phase's peak and starting bytes from CUDA's allocator statistics, and its wall time."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.peaks: dict[str, MeasuredPhase] = {}
+
+    @contextlib.contextmanager
+    def _inside(self, name: str) -> Iterator[None]:
         torch.cuda.reset_peak_memory_stats(self.device)
         start = torch.cuda.memory_allocated(self.device)
         yield
@@ -118,17 +145,55 @@ class _CudaPeaks(_Marks):
             self.peaks[name] = phase
 
 
-def measure_cuda(settings: LLMTrainSettings, config: Any, shapes: Shapes,
-                 device: str = "cuda") -> dict[str, MeasuredPhase]:
-    """Each phase's measured peak of the same step on a CUDA device (every tensor made there)."""
-    from transformers import AutoModelForCausalLM
+@dataclass(frozen=True)
+class RealStep:
+    """The real step on a device: each phase's peak, each phase's wall time (one group's
+    generation), and the caching allocator's peak reserved bytes over the step."""
 
+    peaks: dict[str, MeasuredPhase]
+    seconds: dict[str, float]
+    max_reserved: int
+
+    @property
+    def max_allocated(self) -> int:
+        return max(p.peak_bytes for p in self.peaks.values())
+
+
+def _check(settings: LLMTrainSettings) -> None:
     if settings.min_new_tokens != settings.max_new_tokens:
         raise ValueError("the measured step needs min_new_tokens = max_new_tokens")
+
+
+def run_cuda(settings: LLMTrainSettings, config: Any, shapes: Shapes, device: str = "cuda") -> RealStep:
+    """The same step on a CUDA device (every tensor made there): peaks, times, peak reserved.
+    (``reset_peak_memory_stats`` at each phase also resets the reserved peak to what is reserved
+    then; the caching allocator does not give segments back, so the last value is the step's peak.)"""
+    from transformers import AutoModelForCausalLM
+
+    _check(settings)
     target = torch.device(device)
     recorder = _CudaPeaks(target)
     with target:  # factory functions (the batches, the optimiser's state) make CUDA tensors
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
         run_steps(model, dataclasses.replace(settings, device=device), shapes, recorder,
                   lambda m: _generate(m, settings, shapes.prompt_tokens))
-    return recorder.peaks
+    torch.cuda.synchronize(target)
+    return RealStep(recorder.peaks, recorder.seconds, torch.cuda.max_memory_reserved(target))
+
+
+def measure_cuda(settings: LLMTrainSettings, config: Any, shapes: Shapes,
+                 device: str = "cuda") -> dict[str, MeasuredPhase]:
+    """Each phase's measured peak of the same step on a CUDA device (every tensor made there)."""
+    return run_cuda(settings, config, shapes, device).peaks
+
+
+def time_step(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[str, float]:
+    """Each phase's wall time of the real step on the CPU (one group's generation)."""
+    from transformers import AutoModelForCausalLM
+
+    _check(settings)
+    recorder = _Timed(torch.device("cpu"))
+    settings = dataclasses.replace(settings, device="cpu")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+    run_steps(model, settings, shapes, recorder, lambda m: _generate(m, settings, shapes.prompt_tokens))
+    return recorder.seconds

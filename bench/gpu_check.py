@@ -1,0 +1,195 @@
+"""One prepared GPU check: the memory simulator's allocated and reserved peaks, and its roofline,
+against one real step of HAEPO, GRPO and DPO on a GPU.
+
+    python bench/gpu_check.py OUT_DIR [--device cuda|cpu] [--model qwen2.5-1.5b|tiny]
+
+Needs only PyTorch, transformers and peft (no Ray, MLflow, gymnasium, trl, no network): the
+model is built from its bundled config (haepo_ray/llm/capacity/configs/) with random weights
+(memory and time do not depend on the weights). The settings are tune_configs/paper/tldr_*.yaml's
+(4 prompts x 4 completions per update, 4 SFT rows, 48 new tokens, micro-batches of 4, no LoRA,
+no gradient checkpointing) in bfloat16, prompts of 512 tokens; every completion runs to 48
+tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
+
+Per algorithm, on ``--device cuda``:
+
+- simulated: :func:`haepo_ray.llm.capacity.estimate.estimate` (``target="cuda"``): allocated =
+  the step's peak + cuBLAS's workspaces; reserved = the caching allocator's replayed reserve +
+  cuBLAS's workspaces (what ``torch.cuda.max_memory_reserved`` counts; the CUDA context is
+  compared separately, as the device's used memory beyond PyTorch's reserve);
+- measured: the same step (:func:`haepo_ray.llm.capacity.measure.run_cuda`: SFT step, one
+  group's generation, reference pass, update), ``torch.cuda.max_memory_allocated`` (the
+  largest phase peak) and ``max_memory_reserved``, after ``empty_cache`` and
+  ``reset_peak_memory_stats`` and with the previous algorithm's model freed;
+- time: one update's wall time (one group's generation x 4 prompts + reference + update),
+  from a second run (the first pays for CUDA's lazy kernel loading and cuBLAS's heuristics),
+  against :func:`~haepo_ray.llm.capacity.accelerators.phase_seconds`' roofline at its default
+  efficiency for the GPU by name (H100 if the name is unknown).
+
+``--device cpu`` runs the same on this machine's CPU (``target="cpu"`` simulation; measured
+allocated from PyTorch's profiler, :func:`~haepo_ray.llm.capacity.measure.measure`; a CPU has
+no caching allocator, so its "measured reserved" is the allocated peak, and the roofline is the
+H100's): the pipeline's test, not a check. ``--model tiny`` uses the tiny test model, prompts
+of 32 tokens, 2 prompts x 2 completions of 8 tokens.
+
+Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, without installing it
+
+import torch  # noqa: E402
+
+from haepo_ray.llm.capacity.accelerators import ACCELERATORS, EFFICIENCY, phase_seconds  # noqa: E402
+from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES, estimate  # noqa: E402
+from haepo_ray.llm.capacity.measure import measure, run_cuda, time_step  # noqa: E402
+from haepo_ray.llm.capacity.model_configs import model_config  # noqa: E402
+from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes  # noqa: E402
+from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings  # noqa: E402
+
+GIB = 2**30
+# tune_configs/paper/tldr_*.yaml's memory settings; (prompt tokens, settings) per model
+PAPER = dict(batch_prompts=4, group_size=4, sft_batch=4, max_new_tokens=48, micro_batch_size=4)
+TINY = dict(batch_prompts=2, group_size=2, sft_batch=2, max_new_tokens=8, micro_batch_size=2)
+# GPU names (torch.cuda.get_device_name) -> accelerators' table
+NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100-SXM4-40GB", "a100-40gb"), ("A100", "a100-80gb"),
+         ("L4", "l4"))
+
+
+def _settings(model: str, algo: str) -> tuple[LLMTrainSettings, int]:
+    fields, prompt_tokens = (TINY, 32) if model == "tiny" else (PAPER, 512)
+    settings = LLMTrainSettings(model=model, algo=algo, dtype="bfloat16", min_new_tokens=fields["max_new_tokens"],
+                                **fields)
+    return settings, prompt_tokens
+
+
+def _accelerator(device: str) -> str:
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        return next((key for part, key in NAMES if part in name), "h100-80gb")
+    return "h100-80gb"
+
+
+def _free_cuda() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def _update_seconds(seconds: dict[str, float], settings: LLMTrainSettings) -> float:
+    """One update from a measured step: one group's generation per prompt, the reference pass, the update."""
+    return sum(seconds[p] * (settings.batch_prompts if p == "generation" else 1) for p in RL_PHASES)
+
+
+def check(algo: str, model: str, device: str) -> dict:
+    settings, prompt_tokens = _settings(model, algo)
+    shapes = Shapes(prompt_tokens, settings.max_new_tokens)
+    config = model_config(model)
+    start = time.perf_counter()
+    est = estimate(settings, prompt_tokens=prompt_tokens, target=device)
+    simulated_in = time.perf_counter() - start
+    row: dict = {"algo": algo, "simulated_in_s": simulated_in,
+                 "simulated_allocated": est.allocated_bytes, "simulated_reserved": est.torch_reserved_bytes,
+                 "simulated_peak_phase": est.peak_phase, "allocator_allocated": est.allocator_allocated,
+                 "cublas_workspace_bytes": est.cublas_workspace_bytes}
+    if device == "cuda":
+        _free_cuda()
+        before = torch.cuda.memory_reserved()
+        real = run_cuda(settings, config, shapes)
+        free, total = torch.cuda.mem_get_info()
+        row |= {"measured_allocated": real.max_allocated, "measured_reserved": real.max_reserved,
+                "reserved_before": before,
+                "measured_phase_peaks": {p: m.peak_bytes for p, m in real.peaks.items()},
+                # the device's used memory beyond PyTorch's reserve: the CUDA context and libraries' own
+                "device_used_beyond_reserved": (total - free) - torch.cuda.memory_reserved(),
+                "cuda_context_assumed": CUDA_CONTEXT_BYTES}
+        del real
+        _free_cuda()
+        seconds = run_cuda(settings, config, shapes).seconds
+        _free_cuda()
+    else:
+        peaks = measure(settings, config, shapes)
+        allocated = max(p.peak_bytes for p in peaks.values())
+        row |= {"measured_allocated": allocated, "measured_reserved": allocated,
+                "measured_phase_peaks": {p: m.peak_bytes for p, m in peaks.items()}}
+        seconds = time_step(settings, config, shapes)
+    accelerator = ACCELERATORS[_accelerator(device)]
+    roofline = phase_seconds(est, settings, accelerator, EFFICIENCY)
+    row |= {"update_s": _update_seconds(seconds, settings), "roofline_s": sum(roofline[p] for p in RL_PHASES),
+            "phase_s": seconds, "roofline_phase_s": roofline}
+    for name, (a, b) in {"allocated_ratio": ("simulated_allocated", "measured_allocated"),
+                         "reserved_ratio": ("simulated_reserved", "measured_reserved"),
+                         "time_ratio": ("update_s", "roofline_s")}.items():
+        row[name] = row[a] / row[b]
+    return row
+
+
+def _table(result: dict) -> str:
+    head = ["algo", "sim alloc GiB", "meas alloc GiB", "sim/meas", "sim reserved GiB", "meas reserved GiB",
+            "sim/meas", "update wall s", "roofline s", "wall/roofline"]
+    lines = [f"GPU check on {result['device_name']} ({result['device']}), model {result['model']}, torch "
+             f"{result['torch']}, transformers {result['transformers']}; roofline: {result['accelerator']} at "
+             f"{result['efficiency']:.0%} of peak", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['algo']} | error: {r['error']} |" + " |" * (len(head) - 2))
+            continue
+        cells = [r["algo"], *(f"{r[k] / GIB:.4g}" for k in ("simulated_allocated", "measured_allocated")),
+                 f"{r['allocated_ratio']:.3f}",
+                 *(f"{r[k] / GIB:.4g}" for k in ("simulated_reserved", "measured_reserved")),
+                 f"{r['reserved_ratio']:.3f}", f"{r['update_s']:.3f}", f"{r['roofline_s']:.4f}",
+                 f"{r['time_ratio']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--model", choices=("qwen2.5-1.5b", "tiny"), default="qwen2.5-1.5b")
+    parser.add_argument("--algo", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device")
+    import transformers
+
+    started = time.perf_counter()
+    result = {"device": args.device, "model": args.model,
+              "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "accelerator": _accelerator(args.device), "efficiency": EFFICIENCY,
+              "settings": dataclasses.asdict(_settings(args.model, "HAEPO")[0]) | {"algo": None},
+              "prompt_tokens": _settings(args.model, "HAEPO")[1], "rows": []}
+    for algo in args.algo:
+        try:
+            row = check(algo, args.model, args.device)
+        except Exception as err:  # an algorithm that fails (out of memory) leaves the others' rows
+            row = {"algo": algo, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+            if args.device == "cuda":
+                _free_cuda()
+        result["rows"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+    result["wall_s"] = time.perf_counter() - started
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    table = _table(result)
+    (args.out_dir / "gpu_check.md").write_text(table)
+    print(table)
+    return 0 if all("error" not in r and all(math.isfinite(r[k]) for k in ("allocated_ratio", "reserved_ratio",
+                                                                            "time_ratio")) for r in result["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
