@@ -41,7 +41,9 @@ LLM_EFFECTIVE_NUM_TRAJECTORIES = "effective_num_trajectories"
 LLM_KL = "kl"
 LLM_LOSS = "loss"
 LLM_UPDATE_TIME = "time_s"
-LLM_TRAIN_TIME = "train_time_s"  # seconds of SFT and RL updates so far (not start-up, not restarts)
+LLM_TRAIN_TIME = "train_time_s"  # the trial's wall time so far: loading, SFT, RL updates, evaluation
+LLM_PHASE_TIME = "phase_time_s"  # "phase_time_s/<phase>": cumulative seconds, one per phase below
+LLM_TIME_PHASES = ("load", "sft", "rollout", "update", "metrics", "eval")
 LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", one per phase below
 LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")  # an update's order
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).

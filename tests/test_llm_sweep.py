@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tune_configs" / "llm_smoke.yaml"
 UPDATE_METRICS = (names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILARITY, names.LLM_PROFANITY_RATE,
                   names.LLM_COMPLETION_LENGTH, names.LLM_EFFECTIVE_NUM_TRAJECTORIES, names.LLM_KL,
-                  names.LLM_UPDATE_TIME, names.LLM_TRAIN_TIME, f"{names.LLM_PEAK_MEMORY}/generation",
+                  names.LLM_UPDATE_TIME, names.LLM_TRAIN_TIME, f"{names.LLM_PHASE_TIME}/load",
+                  f"{names.LLM_PHASE_TIME}/eval", f"{names.LLM_PEAK_MEMORY}/generation",
                   f"{names.LLM_PEAK_MEMORY}/forward_backward")
 
 

@@ -10,12 +10,14 @@ import sys
 
 import pytest
 
+from haepo_ray import names
 from haepo_ray.cli import main
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.train import LLMTrainSettings, train
+from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
 
 RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_similarity", "profanity_rate",
-           "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb"}
+           "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb", "train_time_s",
+           "phase_time_s"}
 GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "completion", "reward", "algorithm", "model", "seed"}
 
 
@@ -80,6 +82,35 @@ def test_output_files_follow_the_documented_schema(tmp_path, common_words):
     assert len({g["prompt_id"] for g in generations}) == 3
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["algo"] == "HAEPO" and config["micro_batch_size"] == 3
+
+
+def test_train_time_is_the_whole_runs_and_holds_its_phases(tmp_path, common_words):
+    """``train_time_s`` is the run's wall time from its start (loading, SFT, updates and their
+    evaluation), not the updates' ``time_s`` alone; ``phase_time_s`` are the cumulative seconds
+    of each phase within it, and a restored run goes on from its checkpoint's. Bookkeeping,
+    not speed: every phase ran, so each is > 0, and they fit in the total."""
+    settings = _settings(sft_examples=2, sft_batch=2, rl_updates=3, eval_every=1, eval_prompts=1)
+    run = LLMRun(settings, tmp_path / "run", reward_fn=common_words)
+    run.sft()
+    updates = run.rl()
+    first = [next(updates), next(updates)]
+    run.save(tmp_path / "checkpoint")
+    run.close()
+    restored = LLMRun(settings, tmp_path / "restored", reward_fn=common_words)
+    restored.restore(tmp_path / "checkpoint")
+    rows = first + list(restored.rl())
+    restored.close()
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    for before, row in zip([None, *rows], rows):
+        phases = row[names.LLM_PHASE_TIME]
+        assert list(phases) == list(names.LLM_TIME_PHASES) and all(v > 0 for v in phases.values()), phases
+        assert row[names.LLM_TRAIN_TIME] >= sum(phases.values()) > row[names.LLM_UPDATE_TIME]
+        if before is not None:
+            assert row[names.LLM_TRAIN_TIME] > before[names.LLM_TRAIN_TIME]
+            assert all(phases[p] >= before[names.LLM_PHASE_TIME][p] for p in phases)
+    # The restored run's loading adds to the checkpoint's, which it carries on.
+    assert rows[2][names.LLM_PHASE_TIME]["load"] > rows[1][names.LLM_PHASE_TIME]["load"]
+    assert rows[2][names.LLM_PHASE_TIME]["sft"] == rows[1][names.LLM_PHASE_TIME]["sft"]
 
 
 def test_nan_reward_stops_training_with_a_clear_error(tmp_path):

@@ -17,13 +17,24 @@ human-evaluation form read it):
        "semantic_similarity": float, "profanity_rate": float, "completion_length": float,
        "effective_num_trajectories": float, "kl": float, "loss": float,
        "peak_memory_mb": {"generation": float, "reference": float,
-                          "forward_backward": float, "optimizer": float}}
+                          "forward_backward": float, "optimizer": float},
+       "train_time_s": float,
+       "phase_time_s": {"load": float, "sft": float, "rollout": float, "update": float,
+                        "metrics": float, "eval": float}}
 
   over the update's sampled completions: ``completion_length`` in tokens (EOS included),
   ``kl`` = mean_k (L_k - L_k^ref), a Monte-Carlo estimate of KL(pi || pi_ref) per completion,
   ``effective_num_trajectories`` = 1 / sum_k w_k^2 of HAEPO's weights, averaged over prompts,
   ``peak_memory_mb`` per phase (:mod:`haepo_ray.llm.memory`: CUDA ``max_memory_allocated``, CPU
-  the process's VmHWM), ``time_s`` the update's wall time from generation to optimiser step.
+  the process's VmHWM), ``time_s`` the update's wall time from generation to optimiser step,
+  ``train_time_s`` the run's wall time so far (the paper's end-to-end training time: from the
+  :class:`LLMRun`'s start, loading included, to this update's evaluation, if any; a run
+  restored from a checkpoint adds its own to the checkpoint's) and ``phase_time_s`` its
+  cumulative seconds per phase: ``load`` (data, model, reward encoder; a checkpoint's
+  restore), ``sft``, ``rollout`` (sampling and rewards), ``update`` (reference pass,
+  forward/backward, optimiser step), ``metrics`` (the row's metrics) and ``eval`` (the
+  held-out generations). What ``train_time_s`` holds beyond their sum is the writing of rows
+  and checkpoints.
 - ``generations.jsonl``: one object per completion (greedy) of each evaluation prompt after
   the last update (and every ``eval_every`` updates if > 0): ``{"update": int, "prompt_id":
   str, "source": str, "reference": str, "completion": str, "reward": float, "algorithm":
@@ -38,6 +49,7 @@ and a run restored from a checkpoint (:meth:`LLMRun.save`) continues exactly. Th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -50,6 +62,7 @@ from typing import Any
 
 import torch
 
+from haepo_ray import names
 from haepo_ray.llm.data import Example, format_prompt, jsonl_rows, load_examples, split_examples
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
@@ -113,6 +126,35 @@ class _Writer:
                 f.close()
 
 
+class _Clock:
+    """A run's wall time since its start (plus a restored run's earlier time) and the cumulative
+    seconds of its phases (:data:`haepo_ray.names.LLM_TIME_PHASES`)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.before = 0.0
+        self.phases = dict.fromkeys(names.LLM_TIME_PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] += time.perf_counter() - start
+
+    def times(self) -> dict[str, Any]:
+        """``train_time_s`` and ``phase_time_s`` of a metric row."""
+        return {names.LLM_TRAIN_TIME: self.before + time.perf_counter() - self.start,
+                names.LLM_PHASE_TIME: dict(self.phases)}
+
+    def resume(self, row: dict[str, Any]) -> None:
+        """Go on from the times of a restored run's last row."""
+        self.before = row[names.LLM_TRAIN_TIME]
+        for name, seconds in row[names.LLM_PHASE_TIME].items():
+            self.phases[name] += seconds
+
+
 class LLMRun:
     """One run of :func:`train` on this worker of a :class:`~haepo_ray.llm.distributed.World`:
     SFT (:meth:`sft`), then RL updates one at a time (:meth:`rl`), with checkpoints of the whole
@@ -120,28 +162,30 @@ class LLMRun:
 
     def __init__(self, settings: LLMTrainSettings, out_dir: str | Path, *, world: World = World(),
                  reward_fn: RewardFn | None = None, callback: Callback | None = None) -> None:
-        if settings.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {settings.device!r}: this torch build sees no CUDA device")
-        if settings.batch_prompts % world.size:
-            raise ValueError(f"batch_prompts ({settings.batch_prompts}) must be a multiple of the number of "
-                             f"workers ({world.size}): each worker takes whole prompt groups")
-        self.settings, self.world = settings, world
-        self.out = Path(out_dir)
-        if world.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
-        torch.manual_seed(settings.seed)
-        self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.split_seed)
-        model, self.tokenizer = load_model(
-            settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
-            seed=settings.seed, dtype=torch_dtype(settings.dtype))
-        model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
-        self.policy = Policy(model, settings, world)
-        self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
-        summary_metrics(["warm up"], ["warm up"])  # loads the encoder and scorers outside the timed updates
-        self.callback = callback
-        self.writer = _Writer(self.out if world.is_main else None, callback)
-        self.update = 0  # RL updates done
+        self.clock = _Clock()
+        with self.clock.phase("load"):
+            if settings.device.startswith("cuda") and not torch.cuda.is_available():
+                raise ValueError(f"device {settings.device!r}: this torch build sees no CUDA device")
+            if settings.batch_prompts % world.size:
+                raise ValueError(f"batch_prompts ({settings.batch_prompts}) must be a multiple of the number of "
+                                 f"workers ({world.size}): each worker takes whole prompt groups")
+            self.settings, self.world = settings, world
+            self.out = Path(out_dir)
+            if world.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
+            torch.manual_seed(settings.seed)
+            self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.split_seed)
+            model, self.tokenizer = load_model(
+                settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
+                seed=settings.seed, dtype=torch_dtype(settings.dtype))
+            model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
+            self.policy = Policy(model, settings, world)
+            self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
+            summary_metrics(["warm up"], ["warm up"])  # loads the encoder and scorers outside the timed updates
+            self.callback = callback
+            self.writer = _Writer(self.out if world.is_main else None, callback)
+            self.update = 0  # RL updates done
 
     @property
     def model(self) -> Any:
@@ -154,28 +198,29 @@ class LLMRun:
         """Supervised warm-up: token-mean NLL of the gold summary after the prompt; then the
         model is frozen as the reference policy and the RL optimiser is made."""
         s, world = self.settings, self.world
-        steps = math.ceil(s.sft_examples / s.sft_batch)
-        self.policy.start_sft()
-        stream = _cycle(self.splits.sft, random.Random(s.seed))
-        for step in range(1, steps + 1):
-            start = time.perf_counter()
-            size = min(s.sft_batch, s.sft_examples - (step - 1) * s.sft_batch)
-            mine = [e for _, e in world.shard([next(stream) for _ in range(size)])]
-            batch = completion_batch(
-                self.tokenizer, [format_prompt(e, self.tokenizer, s.max_source_words) for e in mine],
-                [e.reference for e in mine]).to(s.device) if mine else None
-            tokens, = world.sum([batch.completion_mask.sum().item() if batch else 0], s.device)
-            local_loss = self.policy.sft_step(batch, tokens).item()
-            loss_value, = world.sum([local_loss], s.device)
-            elapsed, = world.max([time.perf_counter() - start], s.device)
-            self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
-        self.policy.start_rl()
+        with self.clock.phase("sft"):
+            steps = math.ceil(s.sft_examples / s.sft_batch)
+            self.policy.start_sft()
+            stream = _cycle(self.splits.sft, random.Random(s.seed))
+            for step in range(1, steps + 1):
+                start = time.perf_counter()
+                size = min(s.sft_batch, s.sft_examples - (step - 1) * s.sft_batch)
+                mine = [e for _, e in world.shard([next(stream) for _ in range(size)])]
+                batch = completion_batch(
+                    self.tokenizer, [format_prompt(e, self.tokenizer, s.max_source_words) for e in mine],
+                    [e.reference for e in mine]).to(s.device) if mine else None
+                tokens, = world.sum([batch.completion_mask.sum().item() if batch else 0], s.device)
+                local_loss = self.policy.sft_step(batch, tokens).item()
+                loss_value, = world.sum([local_loss], s.device)
+                elapsed, = world.max([time.perf_counter() - start], s.device)
+                self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
+            self.policy.start_rl()
 
     # ------------------------------------------------------------------ RL
 
     def rl(self) -> Iterator[dict[str, Any]]:
-        """The remaining RL updates, each yielded as its metric row once done (and evaluated
-        when ``eval_every`` or the last update says so)."""
+        """The remaining RL updates, each yielded as its metric row once done and evaluated
+        (when ``eval_every`` or the last update says so)."""
         s = self.settings
         stream = _cycle(self.splits.rl, random.Random(s.seed + 1))
         for _ in range(self.update * s.batch_prompts):  # the prompts of the updates already done
@@ -184,58 +229,63 @@ class LLMRun:
             chosen = [next(stream) for _ in range(s.batch_prompts)]
             self.update += 1
             row = {"update": self.update, **self._rl_update(chosen)}
-            self.writer.metric(row)
             if self.update == s.rl_updates or (s.eval_every and self.update % s.eval_every == 0):
-                self._evaluate()
+                with self.clock.phase("eval"):
+                    self._evaluate()
+            row.update(self.clock.times())
+            self.writer.metric(row)
             yield row
 
     def _rl_update(self, examples: Sequence[Example]) -> dict[str, Any]:
-        s, world, tokenizer = self.settings, self.world, self.tokenizer
+        s, world, tokenizer, clock = self.settings, self.world, self.tokenizer, self.clock
         objective = s.objective()
         peaks = PeakMemory(s.device)
         start = time.perf_counter()
-        mine = world.shard(examples)
-        positions = [i for i, _ in mine]
-        local = [e for _, e in mine]
-        share = len(local) / len(examples)
-        prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in local]
-        with peaks.phase("generation"):
-            samples, texts = sample_groups(
-                self.model, tokenizer, prompts, [sample_seed(s.seed, self.update, i) for i in positions], positions,
-                group_size=s.group_size, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
-                temperature=s.temperature)
-        group_examples = [e for e in local for _ in range(s.group_size)]
-        rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
-        if OBJECTIVES[s.algo].with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
-            gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
-            gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
-            wide = concat_batches([gold, samples], tokenizer.pad_token_id)
-            batch = wide.rows(gold_first(len(gold), s.group_size).to(s.device))
-            sample_rows = torch.arange(len(batch), device=s.device) % (s.group_size + 1) != 0
-            returns = (~sample_rows).to(rewards.dtype)
-        else:
-            batch, returns = samples, rewards
-            sample_rows = torch.ones(len(batch), dtype=torch.bool, device=s.device)
-        group_rows = rows_per_prompt(objective, s.group_size)
-        with peaks.phase("reference"):
-            ref_logp = self.policy.reference_logp(batch)
-        local_loss = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
-        loss, logp = self.policy.update(batch, lambda lp, ent: share * local_loss(lp, ent), phase=peaks.phase)
+        with clock.phase("rollout"):
+            mine = world.shard(examples)
+            positions = [i for i, _ in mine]
+            local = [e for _, e in mine]
+            share = len(local) / len(examples)
+            prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in local]
+            with peaks.phase("generation"):
+                samples, texts = sample_groups(
+                    self.model, tokenizer, prompts, [sample_seed(s.seed, self.update, i) for i in positions],
+                    positions, group_size=s.group_size, max_new_tokens=s.max_new_tokens,
+                    min_new_tokens=s.min_new_tokens, temperature=s.temperature)
+            group_examples = [e for e in local for _ in range(s.group_size)]
+            rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
+            if OBJECTIVES[s.algo].with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
+                gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
+                gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
+                wide = concat_batches([gold, samples], tokenizer.pad_token_id)
+                batch = wide.rows(gold_first(len(gold), s.group_size).to(s.device))
+                sample_rows = torch.arange(len(batch), device=s.device) % (s.group_size + 1) != 0
+                returns = (~sample_rows).to(rewards.dtype)
+            else:
+                batch, returns = samples, rewards
+                sample_rows = torch.ones(len(batch), dtype=torch.bool, device=s.device)
+        with clock.phase("update"):
+            group_rows = rows_per_prompt(objective, s.group_size)
+            with peaks.phase("reference"):
+                ref_logp = self.policy.reference_logp(batch)
+            local_loss = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
+            loss, logp = self.policy.update(batch, lambda lp, ent: share * local_loss(lp, ent), phase=peaks.phase)
         elapsed = time.perf_counter() - start
 
-        sampled: Batch = batch.rows(sample_rows)
-        mask = sampled.completion_mask
-        kl = (sequence_logp(logp[sample_rows], mask) - sequence_logp(ref_logp[sample_rows], mask)).mean()
-        means = {  # over this worker's completions (or prompts); the share weighs them into the update's
-            "reward_mean": rewards.mean().item(),
-            **summary_metrics(texts, [e.reference for e in group_examples]),
-            "completion_length": mask.sum(1).float().mean().item(),
-            "effective_num_trajectories": effective_num_trajectories(objective, sampled, logp[sample_rows],
-                                                                     group_rows=s.group_size),
-            "kl": kl.item(),
-        }
-        totals = world.sum([share * v for v in means.values()] + [loss.item()], s.device)
-        elapsed, *peak = world.max([elapsed, *peaks.allocated.values()], s.device)
+        with clock.phase("metrics"):
+            sampled: Batch = batch.rows(sample_rows)
+            mask = sampled.completion_mask
+            kl = (sequence_logp(logp[sample_rows], mask) - sequence_logp(ref_logp[sample_rows], mask)).mean()
+            means = {  # over this worker's completions (or prompts); the share weighs them into the update's
+                "reward_mean": rewards.mean().item(),
+                **summary_metrics(texts, [e.reference for e in group_examples]),
+                "completion_length": mask.sum(1).float().mean().item(),
+                "effective_num_trajectories": effective_num_trajectories(objective, sampled, logp[sample_rows],
+                                                                         group_rows=s.group_size),
+                "kl": kl.item(),
+            }
+            totals = world.sum([share * v for v in means.values()] + [loss.item()], s.device)
+            elapsed, *peak = world.max([elapsed, *peaks.allocated.values()], s.device)
         return {
             "phase": "rl",
             "time_s": elapsed,
@@ -276,31 +326,30 @@ class LLMRun:
 
     def restore(self, folder: str | Path) -> None:
         """Continue from :meth:`save`'s ``folder`` (every worker): the next :meth:`rl` update
-        follows the saved one; the output files are the saved ones."""
+        follows the saved one; the output files are the saved ones, and the times go on from
+        those of its last row."""
         folder = Path(folder)
-        state = torch.load(folder / STATE_FILE, map_location=self.settings.device, weights_only=True)
-        self.policy.start_rl()  # the saved policy's structure (with LoRA: the RL adapter)
-        self.policy.load_state_dict(state)
-        if "optimizer" not in state and state["update"] != self.settings.rl_updates:
-            raise ValueError(f"{folder}: a final checkpoint (no optimiser) at update {state['update']}, "
-                             f"but the run has {self.settings.rl_updates} updates")
-        self.update = state["update"]
-        if self.world.is_main:
-            self.writer.close()
-            for name in (METRICS_FILE, GENERATIONS_FILE):
-                shutil.copyfile(folder / name, self.out / name)
-            self.writer = _Writer(self.out, self.callback, append=True)
-        metrics = folder / METRICS_FILE
-        self.writer.rows = [row for _, row in jsonl_rows(metrics.read_text().splitlines(), lambda n: f"{metrics}:{n}")]
+        with self.clock.phase("load"):
+            state = torch.load(folder / STATE_FILE, map_location=self.settings.device, weights_only=True)
+            self.policy.start_rl()  # the saved policy's structure (with LoRA: the RL adapter)
+            self.policy.load_state_dict(state)
+            if "optimizer" not in state and state["update"] != self.settings.rl_updates:
+                raise ValueError(f"{folder}: a final checkpoint (no optimiser) at update {state['update']}, "
+                                 f"but the run has {self.settings.rl_updates} updates")
+            self.update = state["update"]
+            if self.world.is_main:
+                self.writer.close()
+                for name in (METRICS_FILE, GENERATIONS_FILE):
+                    shutil.copyfile(folder / name, self.out / name)
+                self.writer = _Writer(self.out, self.callback, append=True)
+            metrics = folder / METRICS_FILE
+            lines = metrics.read_text().splitlines()
+            self.writer.rows = [row for _, row in jsonl_rows(lines, lambda n: f"{metrics}:{n}")]
+        self.clock.resume(self.writer.rows[-1])
 
     @property
     def rows(self) -> list[dict[str, Any]]:
         return self.writer.rows
-
-    @property
-    def train_time_s(self) -> float:
-        """The wall time of the steps done so far, SFT and RL, restored ones included."""
-        return sum(row["time_s"] for row in self.rows)
 
     def close(self) -> None:
         self.writer.close()

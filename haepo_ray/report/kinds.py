@@ -3,9 +3,9 @@
 RL trials (RLlib, tag ``haepo.env``) step by training iteration and time themselves by Tune's
 ``time_total_s``; language-model trials (Ray Train, tag ``haepo.model``) step by RL update
 (``update`` survives a restart, Tune's iteration does not) and time themselves by
-``train_time_s`` (training only: no model loading, no restarts). Everything else (loading,
-seeds -> mean +- std, the figures, the table) is one code path that reads its metric names
-from a :class:`Kind`, so the two cannot drift apart.
+``train_time_s`` (the trial's wall time: loading, SFT, RL updates, evaluation). Everything
+else (loading, seeds -> mean +- std, the figures, the table) is one code path that reads its
+metric names from a :class:`Kind`, so the two cannot drift apart.
 """
 
 from __future__ import annotations

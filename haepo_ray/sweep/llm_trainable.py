@@ -18,8 +18,9 @@ next (``reuse_actors``), imports and all. Tune then keeps the checkpoints.
 *Workers.* :func:`worker_loop` runs :class:`~haepo_ray.llm.train.LLMRun` on each worker with
 the process group Ray Train set up (gloo on CPU, NCCL on GPU): whole prompt groups per worker,
 gradients summed, so W workers train what one does (:mod:`haepo_ray.llm.distributed`). One
-Tune result per RL update: the metric row flattened with ``/``, ``train_time_s`` and rank 0's
-provenance (:mod:`haepo_ray.provenance`).
+Tune result per RL update: the metric row flattened with ``/`` (its ``train_time_s`` is rank
+0's run's wall time from loading on; Tune's ``time_total_s`` also holds the start of the
+workers) and rank 0's provenance (:mod:`haepo_ray.provenance`).
 
 *Checkpoints and restarts.* Rank 0 checkpoints every ``checkpoint_frequency`` updates (the
 model, the reference, the optimiser, the output files) and at the end (the policy and the
@@ -108,8 +109,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
                 run.sft()
             for row in run.rl():
                 final = run.update == settings.rl_updates
-                metrics = {**flatten(rl_metrics(row)), names.LLM_TRAIN_TIME: run.train_time_s,
-                           names.PROVENANCE: provenance()}
+                metrics = {**flatten(rl_metrics(row)), names.PROVENANCE: provenance()}
                 with tempfile.TemporaryDirectory(prefix="haepo-llm-checkpoint-") as folder:
                     saved = None
                     if run.world.is_main and (final or (every and run.update % every == 0)):

@@ -59,6 +59,7 @@ LLM_METRICS = (
     names.LLM_KL,
     names.LLM_LOSS,
     names.LLM_UPDATE_TIME,
+    f"{names.LLM_PHASE_TIME}/*",
     f"{names.LLM_PEAK_MEMORY}/*",
 )
 
