@@ -397,6 +397,10 @@ def test_grpo_learns_the_chain_mdp(ray_session):
     assert max(_learner(r)["step_kl_to_reference"] for r in results) > 1e-4
 
 
+# Slow tier: test_algorithm's test_tune_runs_haepo_by_name runs HAEPO the same way (the names
+# register_algorithms gives Tune), test_a_sweep_spec_names_the_baselines_in_a_fresh_interpreter
+# resolves DPO by name and test_dpo_learns_the_chain_mdp trains it.
+@pytest.mark.slow
 def test_tune_runs_dpo_by_name(ray_session, tmp_path):
     from ray import tune
 

@@ -1,10 +1,9 @@
-"""The `haepo` command: in this process (help, versions, environments, usage errors), and
-training as a real subprocess."""
+"""The `haepo` command: in this process (help, versions, environments, usage errors, training
+without tracking), and training as a real subprocess."""
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import subprocess
 import sys
 
@@ -118,12 +117,17 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
 
 
-def test_train_no_tracking_writes_nothing_to_mlflow(tmp_path):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'env.db'}"}
-    out = haepo("train", "--env", "haepo/ChainMDP-v0", "--stop-iters", "1", "--num-cpus", "2",
-                "--set", "model_config={fcnet_hiddens: [8]}", "--no-tracking", cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "MLflow" not in out.stdout and "checkpoint: " in out.stdout
+def test_train_no_tracking_writes_nothing_to_mlflow(ray_session, tmp_path, monkeypatch, capsys):
+    """In this process, on the session's Ray (the command's ray.init and ray.shutdown left out:
+    the test above runs the command as a process of its own)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'env.db'}")
+    monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ray_session, "shutdown", lambda: None)
+    assert main(["train", "--env", "haepo/ChainMDP-v0", "--stop-iters", "1", "--num-cpus", "2",
+                 "--set", "model_config={fcnet_hiddens: [8]}", "--no-tracking"]) == 0
+    out = capsys.readouterr().out
+    assert "MLflow" not in out and "checkpoint: " in out
     assert not (tmp_path / "env.db").exists() and not (tmp_path / ".haepo" / "mlflow.db").exists()
 
 
