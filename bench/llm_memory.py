@@ -5,7 +5,8 @@ high-water mark or CUDA cache does not leak into the next) with the same model, 
 (same seed), group size, dtype and completion length (``min_new_tokens = max_new_tokens``),
 no SFT, and ``--updates`` RL updates. Reported per algorithm: the peak over updates of each
 phase (MB; CUDA ``max_memory_allocated``, CPU the process VmHWM), the overall peak and its ratio
-to GRPO's, and the median time per update (the first update, which warms up, left out).
+to GRPO's, the overall reserved peak (CUDA ``max_memory_reserved``; CPU the same VmHWM), and the
+median time per update (the first update, which warms up, left out).
 
     .venv/bin/python bench/llm_memory.py --model tiny --updates 5
     .venv/bin/python bench/llm_memory.py --model smollm2 --updates 3
@@ -51,17 +52,20 @@ def run_algorithm(label: str, args: argparse.Namespace, out: Path) -> dict:
     peaks = {p: max(r["peak_memory_mb"][p] for r in rl) for p in PHASES}
     times = [r["time_s"] for r in rl[1:]] or [rl[0]["time_s"]]
     return {"algo": label, "peak_mb": peaks, "overall_peak_mb": max(peaks.values()),
+            "overall_reserved_mb": max(max(r["peak_memory_reserved_mb"].values()) for r in rl),
             "time_per_update_s": statistics.median(times), "reward_mean": statistics.mean(r["reward_mean"] for r in rl)}
 
 
 def table(results: list[dict]) -> str:
     grpo = next((r["overall_peak_mb"] for r in results if r["algo"] == "GRPO"), None)
-    lines = ["| algorithm | generation | reference | forward/backward | optimizer | peak (MB) | peak / GRPO | s / update |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| algorithm | generation | reference | forward/backward | optimizer | peak (MB) | peak / GRPO "
+             "| reserved (MB) | s / update |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ratio = f"{r['overall_peak_mb'] / grpo:.2f}" if grpo else "-"
         cells = " | ".join(f"{r['peak_mb'][p]:.0f}" for p in PHASES)
-        lines.append(f"| {r['algo']} | {cells} | {r['overall_peak_mb']:.0f} | {ratio} | {r['time_per_update_s']:.2f} |")
+        lines.append(f"| {r['algo']} | {cells} | {r['overall_peak_mb']:.0f} | {ratio} | {r['overall_reserved_mb']:.0f} "
+                     f"| {r['time_per_update_s']:.2f} |")
     return "\n".join(lines)
 
 

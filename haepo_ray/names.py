@@ -45,6 +45,7 @@ LLM_TRAIN_TIME = "train_time_s"  # the trial's wall time so far: loading, SFT, R
 LLM_PHASE_TIME = "phase_time_s"  # "phase_time_s/<phase>": cumulative seconds, one per phase below
 LLM_TIME_PHASES = ("load", "sft", "rollout", "update", "metrics", "eval")
 LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", one per phase below
+LLM_PEAK_RESERVED_MEMORY = "peak_memory_reserved_mb"  # the same for the CUDA allocator's reserved memory
 LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")  # an update's order
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"

@@ -44,7 +44,7 @@ UPDATE_METRICS = (names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILA
                   names.LLM_COMPLETION_LENGTH, names.LLM_EFFECTIVE_NUM_TRAJECTORIES, names.LLM_KL,
                   names.LLM_UPDATE_TIME, names.LLM_TRAIN_TIME, f"{names.LLM_PHASE_TIME}/load",
                   f"{names.LLM_PHASE_TIME}/eval", f"{names.LLM_PEAK_MEMORY}/generation",
-                  f"{names.LLM_PEAK_MEMORY}/forward_backward")
+                  f"{names.LLM_PEAK_MEMORY}/forward_backward", f"{names.LLM_PEAK_RESERVED_MEMORY}/forward_backward")
 
 
 def smoke_spec(**changes) -> dict:

@@ -16,8 +16,8 @@ from haepo_ray.llm.models import load_model
 from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
 
 RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_similarity", "profanity_rate",
-           "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb", "train_time_s",
-           "phase_time_s"}
+           "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb",
+           "peak_memory_reserved_mb", "train_time_s", "phase_time_s"}
 GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "completion", "reward", "algorithm", "model", "seed"}
 
 
@@ -74,6 +74,7 @@ def test_output_files_follow_the_documented_schema(tmp_path, common_words):
         assert set(row) == RL_KEYS
         assert set(row["peak_memory_mb"]) == {"generation", "reference", "forward_backward", "optimizer"}
         assert all(math.isfinite(v) and v > 0 for v in row["peak_memory_mb"].values())
+        assert row["peak_memory_reserved_mb"] == row["peak_memory_mb"]  # on CPU both are the VmHWM
         assert row["completion_length"] == 8.0  # min = max new tokens: no EOS fits
         assert 1.0 <= row["effective_num_trajectories"] <= 8.0
     generations = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]

@@ -18,6 +18,8 @@ human-evaluation form read it):
        "effective_num_trajectories": float, "kl": float, "loss": float,
        "peak_memory_mb": {"generation": float, "reference": float,
                           "forward_backward": float, "optimizer": float},
+       "peak_memory_reserved_mb": {"generation": float, "reference": float,
+                                   "forward_backward": float, "optimizer": float},
        "train_time_s": float,
        "phase_time_s": {"load": float, "sft": float, "rollout": float, "update": float,
                         "metrics": float, "eval": float}}
@@ -26,15 +28,16 @@ human-evaluation form read it):
   ``kl`` = mean_k (L_k - L_k^ref), a Monte-Carlo estimate of KL(pi || pi_ref) per completion,
   ``effective_num_trajectories`` = 1 / sum_k w_k^2 of HAEPO's weights, averaged over prompts,
   ``peak_memory_mb`` per phase (:mod:`haepo_ray.llm.memory`: CUDA ``max_memory_allocated``, CPU
-  the process's VmHWM), ``time_s`` the update's wall time from generation to optimiser step,
-  ``train_time_s`` the run's wall time so far (the paper's end-to-end training time: from the
-  :class:`LLMRun`'s start, loading included, to this update's evaluation, if any; a run
-  restored from a checkpoint adds its own to the checkpoint's) and ``phase_time_s`` its
-  cumulative seconds per phase: ``load`` (data, model, reward encoder; a checkpoint's
-  restore), ``sft``, ``rollout`` (sampling and rewards), ``update`` (reference pass,
-  forward/backward, optimiser step), ``metrics`` (the row's metrics) and ``eval`` (the
-  held-out generations). What ``train_time_s`` holds beyond their sum is the writing of rows
-  and checkpoints.
+  the process's VmHWM) and ``peak_memory_reserved_mb`` (CUDA ``max_memory_reserved``, what the
+  device must hold with the caching allocator's slack; CPU the same VmHWM), ``time_s`` the
+  update's wall time from generation to optimiser step, ``train_time_s`` the run's wall time
+  so far (the paper's end-to-end training time: from the :class:`LLMRun`'s start, loading
+  included, to this update's evaluation, if any; a run restored from a checkpoint adds its
+  own to the checkpoint's) and ``phase_time_s`` its cumulative seconds per phase: ``load``
+  (data, model, reward encoder; a checkpoint's restore), ``sft``, ``rollout`` (sampling and
+  rewards), ``update`` (reference pass, forward/backward, optimiser step), ``metrics`` (the
+  row's metrics) and ``eval`` (the held-out generations). What ``train_time_s`` holds beyond
+  their sum is the writing of rows and checkpoints.
 - ``generations.jsonl``: one object per completion (greedy) of each evaluation prompt after
   the last update (and every ``eval_every`` updates if > 0): ``{"update": int, "prompt_id":
   str, "source": str, "reference": str, "completion": str, "reward": float, "algorithm":
@@ -285,13 +288,15 @@ class LLMRun:
                 "kl": kl.item(),
             }
             totals = world.sum([share * v for v in means.values()] + [loss.item()], s.device)
-            elapsed, *peak = world.max([elapsed, *peaks.allocated.values()], s.device)
+            elapsed, *peak = world.max([elapsed, *peaks.allocated.values(), *peaks.reserved.values()], s.device)
+        n = len(peaks.allocated)
         return {
             "phase": "rl",
             "time_s": elapsed,
             **dict(zip(means, totals[:-1], strict=True)),
             "loss": totals[-1],
-            "peak_memory_mb": dict(zip(peaks.allocated, peak, strict=True)),
+            "peak_memory_mb": dict(zip(peaks.allocated, peak[:n], strict=True)),
+            "peak_memory_reserved_mb": dict(zip(peaks.reserved, peak[n:], strict=True)),
         }
 
     def _evaluate(self) -> None:

@@ -61,6 +61,7 @@ LLM_METRICS = (
     names.LLM_UPDATE_TIME,
     f"{names.LLM_PHASE_TIME}/*",
     f"{names.LLM_PEAK_MEMORY}/*",
+    f"{names.LLM_PEAK_RESERVED_MEMORY}/*",
 )
 
 # MLflow's limits: items per log_batch call, lengths of values and keys.
