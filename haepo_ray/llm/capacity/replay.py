@@ -42,6 +42,10 @@ class _Record:
     # the allocations made and freed in the forward, and in the backward (LiveBytes.transient_events)
     events: list[tuple[int, int | None]] = field(default_factory=list)
     backward_events: list[tuple[int, int | None]] = field(default_factory=list)
+    # the storages the forward made and holds, (key in events, bytes, category) in order; None:
+    # they do not add up to ``held`` (a storage made before was freed), which is then held as
+    # one block per category
+    survivors: list[tuple[int, int, str]] | None = None
 
 
 def _sub(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -54,13 +58,22 @@ class _Replayed(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: Tensor, tracker: LiveBytes, record: _Record) -> tuple[Tensor, ...]:
         ctx.tracker, ctx.record = tracker, record
-        tracker.transient(record.rise, record.events)
-        tracker.add_flops(record.flops)
         held = []
-        for category, nbytes in record.held.items():
-            if nbytes > 0:
-                with tracker.category(category):
-                    held.append(torch.empty(nbytes, dtype=torch.uint8))
+        if record.survivors is not None:  # made first, counted, their allocations placed as recorded
+            bound = {}
+            with tracker.quiet_events():
+                for key, nbytes, category in record.survivors:
+                    with tracker.category(category):
+                        held.append(torch.empty(nbytes, dtype=torch.uint8))
+                    bound[key] = tracker.storage_key(held[-1])
+            tracker.transient(_sub(record.rise, record.held), record.events, bound)
+        else:
+            tracker.transient(record.rise, record.events)
+            for category, nbytes in record.held.items():
+                if nbytes > 0:
+                    with tracker.category(category):
+                        held.append(torch.empty(nbytes, dtype=torch.uint8))
+        tracker.add_flops(record.flops)
         ctx.save_for_backward(*held)  # freed once the backward has run, as saved activations are
         return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in record.outputs)
 
@@ -110,6 +123,8 @@ class ReplayedStats:
         record = _Record([(t.shape, t.dtype) for t in outputs], mark.rise(),
                          _sub(_sub(tracker.live, mark.start_live), out_bytes), mark.flops,
                          events=tracker.transient_events(first))
+        if grad:
+            self._survivors(record, first, outputs)
         self.records[key] = record
         if grad:
             def start(grad: Tensor) -> None:  # an output's gradient exists: the pass's backward begins
@@ -126,6 +141,27 @@ class ReplayedStats:
             for t in outputs:  # (the hook holds no tensor: the pass's graph is freed as in a trial)
                 t.register_hook(start)
         return logp, entropy
+
+    def _survivors(self, record: _Record, first: int, outputs: list[Tensor]) -> None:
+        """The storages a recorded gradient pass made and holds (:attr:`_Record.survivors`),
+        and its events with their allocations in place, when they add up to what it holds."""
+        tracker = self.tracker
+        window = tracker.events[first:]
+        freed = {key for key, nbytes in window if nbytes is None}
+        out_keys = {tracker.storage_key(t) for t in outputs}
+        live = tracker.live_keys()
+        survivors = [(key, nbytes, live[key][1]) for key, nbytes in window
+                     if nbytes is not None and key not in freed and key not in out_keys and key in live]
+        sums = dict.fromkeys(CATEGORIES, 0)
+        for _, nbytes, category in survivors:
+            sums[category] += tracker._bytes(nbytes)
+        if sums != record.held:
+            return
+        made = {key for key, nbytes in window if nbytes is not None}
+        kept = {key for key, _, _ in survivors}
+        record.survivors = survivors
+        record.events = [(key, nbytes) for key, nbytes in window
+                         if key in kept or (key in made and key in freed)]
 
     def _replay(self, record: _Record, model: Any, grad: bool, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         if grad:

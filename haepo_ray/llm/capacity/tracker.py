@@ -102,6 +102,7 @@ class LiveBytes(TorchDispatchMode):
         # (key, nbytes) an allocation of a storage's bytes, (key, None) its free, in order
         self.events: list[tuple[int, int | None]] = []
         self._keys = itertools.count()
+        self._quiet = False  # storages made now: their allocation events come from a replayed list
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -112,7 +113,8 @@ class LiveBytes(TorchDispatchMode):
         if storage in self._storages or storage.nbytes() == 0:
             return
         entry = [self._bytes(storage.nbytes()), category, next(self._keys)]
-        self.events.append((entry[2], storage.nbytes()))
+        if not self._quiet:
+            self.events.append((entry[2], storage.nbytes()))
         self._storages[storage] = entry
         weakref.finalize(storage, self._free, entry)
         self.live[category] += entry[0]
@@ -124,15 +126,18 @@ class LiveBytes(TorchDispatchMode):
             if self.total > mark.peak_bytes:
                 mark.peak_bytes, mark.at_peak = self.total, dict(self.live)
 
-    def transient(self, change: dict[str, int], events: list[tuple[int, int | None]] | None = None) -> None:
+    def transient(self, change: dict[str, int], events: list[tuple[int, int | None]] | None = None,
+                  bound: dict[int, int] | None = None) -> None:
         """A change of the counted bytes by category that lasts a moment (made and freed inside
         one op, or a replayed pass's rise, where a category may fall as another grows): it
         counts towards the peaks of that moment. ``events``: the allocations and frees that
-        made it (:meth:`transient_events`; default: one allocation of its rise, freed)."""
+        made it (:meth:`transient_events`; default: one allocation of its rise, freed); ``bound``:
+        keys of ``events`` that are live storages' (made in :meth:`quiet_events`), whose
+        allocations are placed here and whose frees come when the storages die."""
         if events is None:
             rise = sum(n for n in change.values() if n > 0)
             events = [(0, rise), (0, None)] if rise else []
-        self._emit(events)
+        self._emit(events, bound or {})
         sizes = {c: n for c, n in change.items() if n}
         for c, n in sizes.items():
             self.live[c] += n
@@ -150,14 +155,34 @@ class LiveBytes(TorchDispatchMode):
         made = {key for key, nbytes in window if nbytes is not None}
         return [(key, nbytes) for key, nbytes in window if key in freed and key in made]
 
-    def _emit(self, events: list[tuple[int, int | None]]) -> None:
+    def _emit(self, events: list[tuple[int, int | None]], bound: dict[int, int]) -> None:
         keys: dict[int, int] = {}
         for key, nbytes in events:
-            if nbytes is None:
+            if key in bound:
+                self.events.append((bound[key], nbytes))
+            elif nbytes is None:
                 self.events.append((keys.pop(key), None))
             else:
                 keys[key] = next(self._keys)
                 self.events.append((keys[key], nbytes))
+
+    @contextlib.contextmanager
+    def quiet_events(self) -> Iterator[None]:
+        """Storages made inside are counted but their allocations are not recorded in
+        :attr:`events` (a replayed pass places them with :meth:`transient`'s ``bound``)."""
+        previous, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = previous
+
+    def storage_key(self, tensor: torch.Tensor) -> int:
+        """The key of ``tensor``'s storage in :attr:`events`."""
+        return self._storages[tensor.untyped_storage()][2]
+
+    def live_keys(self) -> dict[int, tuple[int, str]]:
+        """Each live storage's key: (its raw bytes as recorded, its category)."""
+        return {entry[2]: (storage.nbytes(), entry[1]) for storage, entry in self._storages.items()}
 
     def add_flops(self, flops: int) -> None:
         """FLOPs of work that was not run (a replayed or extrapolated pass)."""
