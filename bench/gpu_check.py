@@ -13,7 +13,9 @@ tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
 Per algorithm, on ``--device cuda``:
 
 - simulated: :func:`haepo_ray.llm.capacity.estimate.estimate` (``target="cuda"``): allocated =
-  the step's peak + cuBLAS's workspaces; reserved = the caching allocator's replayed reserve +
+  the step's peak + cuBLAS's workspaces (the JSON's ``simulated_allocated_blocks`` counts, as
+  PyTorch's statistic does, whole blocks where the allocator model does not split them: the
+  allocator's replayed peak + cuBLAS); reserved = the caching allocator's replayed reserve +
   cuBLAS's workspaces (what ``torch.cuda.max_memory_reserved`` counts; the CUDA context is
   compared separately, as the device's used memory beyond PyTorch's reserve);
 - measured: the same step (:func:`haepo_ray.llm.capacity.measure.run_cuda`: SFT step, one
@@ -101,6 +103,7 @@ def check(algo: str, model: str, device: str) -> dict:
     row: dict = {"algo": algo, "simulated_in_s": simulated_in,
                  "simulated_allocated": est.allocated_bytes, "simulated_reserved": est.torch_reserved_bytes,
                  "simulated_peak_phase": est.peak_phase, "allocator_allocated": est.allocator_allocated,
+                 "simulated_allocated_blocks": est.allocator_allocated + est.cublas_workspace_bytes,
                  "cublas_workspace_bytes": est.cublas_workspace_bytes}
     if device == "cuda":
         _free_cuda()
