@@ -9,6 +9,8 @@ import pytest
 from haepo_ray.llm.data import (
     ACLSUM_ASPECTS,
     Example,
+    Splits,
+    check_disjoint,
     format_prompt,
     load_aclsum,
     load_examples,
@@ -121,8 +123,31 @@ def test_split_holds_out_eval_and_halves_the_rest():
     assert sorted(ids) == sorted(e.prompt_id for e in examples)
     assert split_examples(examples, 3, seed=7) == splits
     assert split_examples(examples, 3, seed=8) != splits
-    with pytest.raises(ValueError, match="at least num_eval \\+ 2 examples"):
+    with pytest.raises(ValueError, match="cannot give 3 held-out prompts"):
         split_examples(examples[:4], num_eval=3, seed=0)
+
+
+def test_aclsum_held_out_prompts_share_no_source_with_training():
+    """32 held-out ACLSum prompts: their abstracts' other aspects are dropped, not trained on."""
+    splits = split_examples(load_aclsum(), num_eval=32, seed=0)
+    held = {e.source for e in splits.eval}
+    assert len(splits.eval) == 32 and not held & {e.source for e in splits.sft + splits.rl}
+    assert not {e.prompt_id for e in splits.eval} & {e.prompt_id for e in splits.sft + splits.rl}
+    assert len(splits.sft) + len(splits.rl) == 750 - 3 * len(held)  # 250 abstracts x 3 aspects
+    for too_many in (749, 751):  # the last example's abstract is held out; not enough examples
+        with pytest.raises(ValueError, match=f"cannot give {too_many} held-out prompts"):
+            split_examples(load_aclsum(), num_eval=too_many, seed=0)
+
+
+def test_overlapping_splits_are_refused():
+    a, b, c = (Example(f"p{i}", "sum", f"s{i}", f"r{i}") for i in range(3))
+    check_disjoint(Splits(sft=(a,), rl=(b,), eval=(c,)))
+    same_id = Example("p2", "sum", "other text", "r")
+    same_source = Example("p9", "other aspect", "s2", "r")
+    for overlap in (Splits(sft=(a,), rl=(same_id,), eval=(c,)), Splits(sft=(same_source,), rl=(b,), eval=(c,)),
+                    Splits(sft=(a,), rl=(b,), eval=(c, c))):
+        with pytest.raises(ValueError, match="held-out prompts"):
+            check_disjoint(overlap)
 
 
 class _PlainTokenizer:

@@ -5,7 +5,8 @@ for it. ACLSum (the ``aclsum`` package's JSONL, read directly) gives three pairs
 the abstract summarised for its challenge, approach and outcome. TL;DR comes from a local
 JSONL/parquet file or a Hugging Face ``datasets`` id, in any of the common schemas
 (:data:`TLDR_SCHEMAS`). The paper's "50-50 split" of examples into an SFT half and an RL half
-is :func:`split_examples`, after holding out evaluation prompts.
+is :func:`split_examples`, after holding out evaluation prompts whose source texts no SFT or RL
+example has (:func:`check_disjoint`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "TLDR_SCHEMAS",
     "Example",
     "Splits",
+    "check_disjoint",
     "format_prompt",
     "load_aclsum",
     "load_examples",
@@ -184,17 +186,40 @@ def load_examples(data: str) -> list[Example]:
 
 
 def split_examples(examples: Sequence[Example], num_eval: int, seed: int) -> Splits:
-    """Shuffle with ``seed``, hold out ``num_eval`` prompts, halve the rest into SFT and RL."""
-    if num_eval < 1 or len(examples) < num_eval + 2:
-        raise ValueError(
-            f"need num_eval >= 1 and at least num_eval + 2 examples, got num_eval={num_eval} "
-            f"and {len(examples)} examples"
-        )
+    """The held-out / SFT / RL split, the same for every run with this ``seed``.
+
+    Shuffle with ``seed``; the first ``num_eval`` examples are the held-out evaluation prompts;
+    every other example whose source text one of them has (ACLSum's other aspects of a held-out
+    abstract) is dropped, so no held-out text is trained on; the rest is halved, SFT then RL.
+    ``ValueError`` when that leaves no SFT or RL example; :func:`check_disjoint` holds.
+    """
+    if num_eval < 1:
+        raise ValueError(f"num_eval must be >= 1, got {num_eval}")
     shuffled = list(examples)
     random.Random(seed).shuffle(shuffled)
-    held_out, rest = shuffled[:num_eval], shuffled[num_eval:]
+    held_out = shuffled[:num_eval]
+    sources = {e.source for e in held_out}
+    rest = [e for e in shuffled[num_eval:] if e.source not in sources]
+    if len(held_out) < num_eval or len(rest) < 2:
+        raise ValueError(
+            f"{len(examples)} examples cannot give {num_eval} held-out prompts and at least one SFT and one "
+            f"RL example from other source texts (left: {len(rest)}); lower eval_prompts or use more data"
+        )
     half = len(rest) // 2
-    return Splits(sft=tuple(rest[:half]), rl=tuple(rest[half:]), eval=tuple(held_out))
+    splits = Splits(sft=tuple(rest[:half]), rl=tuple(rest[half:]), eval=tuple(held_out))
+    check_disjoint(splits)
+    return splits
+
+
+def check_disjoint(splits: Splits) -> None:
+    """``ValueError`` unless no held-out prompt's id or source text is among the SFT or RL examples."""
+    held_ids, held_sources = {e.prompt_id for e in splits.eval}, {e.source for e in splits.eval}
+    if len(held_ids) < len(splits.eval):
+        raise ValueError("the held-out prompts repeat a prompt id")
+    shared = [e.prompt_id for e in splits.sft + splits.rl if e.prompt_id in held_ids or e.source in held_sources]
+    if shared:
+        raise ValueError(f"{len(shared)} SFT/RL examples share a prompt id or source text with the held-out "
+                         f"prompts (first: {shared[:3]})")
 
 
 def format_prompt(example: Example, tokenizer: Any, max_source_words: int | None = None) -> str:
