@@ -109,6 +109,13 @@ class Policy:
             self.reference = _frozen_copy(self.model)
         self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.lr, foreach=self.foreach)
 
+    def load_start(self, model_state: dict[str, Any]) -> None:
+        """An SFT start's weights (a model's state after :meth:`start_rl`) into this policy,
+        after its own :meth:`start_rl`: the model's and, without LoRA, the reference's."""
+        self.model.load_state_dict(model_state)
+        if self.reference is not None:
+            self.reference.load_state_dict(model_state)
+
     def sft_step(self, batch: Batch | None, tokens: int) -> Tensor:
         """One supervised step: the NLL of ``batch``'s completion tokens over the ``tokens`` of
         all workers (this worker's share of the token mean); ``None``: this worker has no rows."""

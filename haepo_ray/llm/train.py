@@ -34,7 +34,9 @@ human-evaluation form read it):
   so far (the paper's end-to-end training time: from the :class:`LLMRun`'s start, loading
   included, to this update's evaluation, if any; a run restored from a checkpoint adds its
   own to the checkpoint's) and ``phase_time_s`` its cumulative seconds per phase: ``load``
-  (data, model, reward encoder; a checkpoint's restore), ``sft``, ``rollout`` (sampling and
+  (data, model, reward encoder; a checkpoint's restore; a shared SFT start's wait and read),
+  ``sft`` (a run that loads a shared SFT start, :mod:`haepo_ray.llm.sft_start`, counts the SFT
+  seconds of the run that made it, here and in ``train_time_s``, so trials compare), ``rollout`` (sampling and
   rewards), ``update`` (reference pass, forward/backward, optimiser step), ``metrics`` (the
   row's metrics) and ``eval`` (the held-out generations). What ``train_time_s`` holds beyond
   their sum is the writing of rows and checkpoints.
@@ -151,6 +153,11 @@ class _Clock:
         return {names.LLM_TRAIN_TIME: self.before + time.perf_counter() - self.start,
                 names.LLM_PHASE_TIME: dict(self.phases)}
 
+    def credit(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` spent elsewhere (a shared SFT start's) as this run's, in phase ``name``."""
+        self.before += seconds
+        self.phases[name] += seconds
+
     def resume(self, row: dict[str, Any]) -> None:
         """Go on from the times of a restored run's last row."""
         self.before = row[names.LLM_TRAIN_TIME]
@@ -218,6 +225,31 @@ class LLMRun:
                 elapsed, = world.max([time.perf_counter() - start], s.device)
                 self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
             self.policy.start_rl()
+
+    def save_sft(self, folder: str | Path) -> None:
+        """This run's SFT start in a new ``folder`` (rank 0, after :meth:`sft`): ``state.pt``
+        (the RL-ready model's weights, with LoRA its fresh RL adapter too, and the SFT seconds)
+        and ``metrics.jsonl`` (the SFT rows)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True)
+        torch.save({"model": self.policy.model.state_dict(), "sft_time_s": self.clock.phases["sft"]},
+                   folder / STATE_FILE)
+        (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+
+    def load_sft(self, folder: str | Path) -> None:
+        """Begin RL from :meth:`save_sft`'s ``folder`` instead of :meth:`sft` (every worker): its
+        weights as policy and reference, its SFT rows written as this run's, its SFT seconds
+        credited to this run's clock."""
+        folder = Path(folder)
+        with self.clock.phase("load"):
+            state = torch.load(folder / STATE_FILE, map_location=self.settings.device, weights_only=True)
+            self.policy.start_rl()
+            self.policy.load_start(state["model"])
+            metrics = folder / METRICS_FILE
+            rows = [row for _, row in jsonl_rows(metrics.read_text().splitlines(), lambda n: f"{metrics}:{n}")]
+        for row in rows:
+            self.writer.metric(row)
+        self.clock.credit("sft", state["sft_time_s"])
 
     # ------------------------------------------------------------------ RL
 
