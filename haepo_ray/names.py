@@ -53,6 +53,8 @@ CHECKPOINT_PATH = "checkpoint_path"
 CARRIED_OVER = "haepo_carried_over"
 # The trial process's provenance tags (haepo_ray.provenance), in every result of a sweep trial.
 PROVENANCE = "haepo_provenance"
+# Tags a trial sets on its own run, in its results (a language-model trial's SFT start).
+RUN_TAGS = "haepo_run_tags"
 
 # --- MLflow tags ----------------------------------------------------------------------------
 PARENT_RUN = "mlflow.parentRunId"
@@ -74,6 +76,7 @@ HOSTNAME = "haepo.hostname"
 NUM_FAILURES = "haepo.num_failures"
 ERROR = "haepo.error"
 REPLAYED_STEPS = "haepo.replayed_steps"
+SFT_START = "haepo.sft_start"  # language-model trials: the key of the SFT start RL began from (haepo_ray.llm.sft_start)
 CHECKPOINT = "haepo.checkpoint"
 NUM_TRIALS = "haepo.num_trials"
 BEST_TRIAL_ID = "haepo.best_trial_id"

@@ -3,8 +3,10 @@ safe against a killed maker and a concurrent asker."""
 
 from __future__ import annotations
 
+import io
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ import torch
 from haepo_ray.llm.settings import LLMTrainSettings
 from haepo_ray.llm.sft_start import LOADED, MADE, MARKER, OWN, begin_rl, is_complete, start_key
 from haepo_ray.llm.train import LLMRun
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _settings(**overrides):
@@ -122,3 +126,19 @@ def test_a_second_asker_waits_for_the_maker_and_loads(tmp_path):
     assert _identical(_state(first), _state(second))
     assert (starts / start_key(first.settings) / MARKER).is_file()
     assert second.rows == first.rows and all(r["phase"] == "sft" for r in second.rows)
+
+
+def test_dry_run_shows_which_trials_share_a_start():
+    from haepo_ray.sweep.dry_run import dry_run
+    from haepo_ray.sweep.plan import load_plan
+
+    plan = load_plan(REPO / "tune_configs" / "llm_smoke.yaml")
+    out = io.StringIO()
+    trials = dry_run(plan, out=out)
+    header, _, *rows = out.getvalue().split("\n  6 trials:\n")[1].splitlines()
+    assert header.split()[-2:] == ["SFT", "start"]  # the last column
+    shown = {(row.split()[1], row.split()[2]): row.split()[-1] for row in rows}
+    for t in trials:
+        key = start_key(plan.trial_config(t.values))
+        assert shown[(t.values["algorithm"], str(t.values["seed"]))] == key[:12]
+    assert len(set(shown.values())) == 2  # one per seed

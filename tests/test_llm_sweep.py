@@ -31,6 +31,7 @@ from helpers import MLflowServer, check_provenance
 from mlflow.tracking import MlflowClient
 
 from haepo_ray import names
+from haepo_ray.llm.sft_start import MARKER, start_key
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.llm_fit import config_memory_key
 from haepo_ray.sweep.plan import load_plan, parse_plan
@@ -88,9 +89,15 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
     assert parent.info.status == "FINISHED"
     assert len(children) == 6
     plan = load_plan(SMOKE).fitted(Cluster.unknown())
-    seen = set()
+    seen, sft_seconds = set(), {}
     for child in children:
         tags, params = child.data.tags, child.data.params
+        # Every method of a seed began RL from one SFT start, made once: the loaders' clocks
+        # hold its maker's SFT seconds to the bit, which no second SFT would measure.
+        assert tags[names.SFT_START] == start_key(plan.trial_config({"algorithm": params["algo"],
+                                                                     "seed": int(tags[names.SEED])}))
+        (first, *_) = client.get_metric_history(child.info.run_id, f"{names.LLM_PHASE_TIME}/sft")
+        sft_seconds.setdefault(tags[names.SEED], set()).add((tags[names.SFT_START], first.value))
         assert tags[names.ROLE] == "trial" and tags[names.PARENT_RUN] == parent.info.run_id
         assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
         check_provenance(tags)
@@ -104,6 +111,9 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
             assert update_history(client, child.info.run_id, key) == list(range(1, updates + 1)), key
         assert 0 <= child.data.metrics[names.LLM_REWARD] <= 1
     assert seen == {(a, s) for a in ("HAEPO", "GRPO", "DPO") for s in ("0", "1")}
+    assert [len(v) for v in sft_seconds.values()] == [1, 1], sft_seconds
+    starts = sorted(p.parent.name for p in (folder / "results").rglob(f"sft_starts/*/{MARKER}"))
+    assert starts == sorted(key for (key, _), in sft_seconds.values())
     # generations.jsonl at the run's root (the evaluation form reads it), beside the checkpoint.
     artifacts = folder / "artifacts"
     generations = [p for p in artifacts.rglob("generations.jsonl") if p.parent.name == "artifacts"]

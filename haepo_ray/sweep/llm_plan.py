@@ -220,14 +220,18 @@ class LLMPlan(Plan):
         return self.fit.estimates[config_memory_key(self.trial_config(values, validate=False).__dict__)]
 
     def trial_columns(self, values: dict[str, Any]) -> dict[str, Any]:
-        """Columns of ``haepo sweep --dry-run``'s trials beside their values: the estimate."""
-        if self.fit is None or self._trial_estimates:
-            return {}
-        est = self.estimate_of(values)
-        columns = {"reserved GiB (est.)": float(f"{est.reserved_gib:.3g}"), "peak GiB (est.)": float(f"{est.peak_gib:.3g}"),
-                   "in": est.phase}
-        if self.spec.llm.gpus_per_worker == "auto":
-            columns["GPU/worker"] = self._worker_resources(values)["GPU"]
+        """Columns of ``haepo sweep --dry-run``'s trials beside their values: the estimate, and
+        the SFT start (its key's first 12 digits; trials with the same one share it)."""
+        from haepo_ray.llm.sft_start import start_key
+
+        columns = {}
+        if self.fit is not None and not self._trial_estimates:
+            est = self.estimate_of(values)
+            columns = {"reserved GiB (est.)": float(f"{est.reserved_gib:.3g}"),
+                       "peak GiB (est.)": float(f"{est.peak_gib:.3g}"), "in": est.phase}
+            if self.spec.llm.gpus_per_worker == "auto":
+                columns["GPU/worker"] = self._worker_resources(values)["GPU"]
+        columns["SFT start"] = start_key(self.trial_config(values, validate=False))[:12]
         return columns
 
     @property

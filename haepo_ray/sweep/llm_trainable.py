@@ -22,6 +22,12 @@ Tune result per RL update: the metric row flattened with ``/`` (its ``train_time
 0's run's wall time from loading on; Tune's ``time_total_s`` also holds the start of the
 workers) and rank 0's provenance (:mod:`haepo_ray.provenance`).
 
+*SFT starts.* A trial begins RL from the SFT start of its key
+(:mod:`haepo_ray.llm.sft_start`) in ``<experiment folder>/sft_starts``: the first trial that
+needs it makes it, every other one (any algorithm, the same seed) loads it, and the run's
+MLflow tag ``haepo.sft_start`` is its key. On storage that is not a mounted filesystem (S3,
+GCS) there is no lock, and each trial runs its own SFT.
+
 *Checkpoints and restarts.* Rank 0 checkpoints every ``checkpoint_frequency`` updates (the
 model, the reference, the optimiser, the output files) and at the end (the policy and the
 output files: ``generations.jsonl`` is logged to MLflow from it). Train keeps them in the
@@ -33,6 +39,8 @@ update (``names.LLM_UPDATE``) does not, so it is the step of everything downstre
 
 from __future__ import annotations
 
+import functools
+import os
 import tempfile
 from types import ModuleType
 from typing import Any
@@ -40,6 +48,8 @@ from typing import Any
 from haepo_ray import names
 from haepo_ray.sweep.llm_fit import check_own_fit
 from haepo_ray.sweep.llm_config import RAY_TRAIN, trial_settings
+
+SFT_STARTS = "sft_starts"  # in the experiment's folder: the sweep's SFT starts (haepo_ray.llm.sft_start)
 
 
 def llm_trial(config: dict[str, Any]) -> None:
@@ -50,15 +60,16 @@ def llm_trial(config: dict[str, Any]) -> None:
 
     workers = config[RAY_TRAIN]
     check_own_fit(config, workers["num_workers"])
+    storage = tune.get_context().get_storage()
+    starts = sft_starts(storage)
     if workers["num_workers"] == 0:
-        worker_loop(config, session=tune)
+        worker_loop(config, session=tune, starts=starts)
         return
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    storage = tune.get_context().get_storage()
     trainer = TorchTrainer(
-        worker_loop,
+        functools.partial(worker_loop, starts=starts),
         train_loop_config=config,
         scaling_config=ray.train.ScalingConfig(num_workers=workers["num_workers"], use_gpu=workers["use_gpu"],
                                                resources_per_worker=dict(workers["resources_per_worker"])),
@@ -74,14 +85,26 @@ def llm_trial(config: dict[str, Any]) -> None:
     trainer.fit()
 
 
-def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> None:
-    """One worker: SFT (or the newest checkpoint), then one report per RL update.
+def sft_starts(storage: Any) -> str | None:
+    """The SFT starts' folder of a trial's Tune ``StorageContext``: ``<experiment
+    folder>/sft_starts`` on a local or mounted filesystem, else ``None``."""
+    import pyarrow.fs
+
+    if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return None
+    return os.path.join(storage.experiment_fs_path, SFT_STARTS)
+
+
+def worker_loop(config: dict[str, Any], session: ModuleType | None = None, starts: str | None = None) -> None:
+    """One worker: the SFT start (:func:`~haepo_ray.llm.sft_start.begin_rl` in the folder
+    ``starts``) or the newest checkpoint, then one report per RL update.
 
     ``session``: the module whose ``get_checkpoint``, ``report`` and ``Checkpoint`` it uses,
     ``ray.train`` (a Ray Train worker, the default) or ``ray.tune`` (the trial's process)."""
     import ray.train
 
     from haepo_ray.llm.distributed import World
+    from haepo_ray.llm.sft_start import begin_rl, start_key
     from haepo_ray.llm.train import LLMRun, rl_metrics
     from haepo_ray.provenance import provenance
     from haepo_ray.tracking.schema import flatten
@@ -98,6 +121,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
         device = "cuda"  # Tune gave the trial's process its GPU (CUDA_VISIBLE_DEVICES)
     settings = trial_settings(config, device)
     every = workers["checkpoint_frequency"]
+    tags = {names.SFT_START: start_key(settings)}
     with tempfile.TemporaryDirectory(prefix="haepo-llm-") as out:
         run = LLMRun(settings, out, world=World.current())
         try:
@@ -106,10 +130,10 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None) -> No
                 with checkpoint.as_directory() as folder:
                     run.restore(folder)
             else:
-                run.sft()
+                begin_rl(run, starts)
             for row in run.rl():
                 final = run.update == settings.rl_updates
-                metrics = {**flatten(rl_metrics(row)), names.PROVENANCE: provenance()}
+                metrics = {**flatten(rl_metrics(row)), names.PROVENANCE: provenance(), names.RUN_TAGS: tags}
                 with tempfile.TemporaryDirectory(prefix="haepo-llm-checkpoint-") as folder:
                     saved = None
                     if run.world.is_main and (final or (every and run.update % every == 0)):

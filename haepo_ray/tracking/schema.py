@@ -115,10 +115,11 @@ def tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
 
 
 def result_tags(result: Mapping[str, Any]) -> dict[str, str]:
-    """The tags a result gives its run: the Ray node (ip, host name) and the provenance it
-    carries (:data:`~haepo_ray.names.PROVENANCE`)."""
+    """The tags a result gives its run: the Ray node (ip, host name), the provenance it
+    carries (:data:`~haepo_ray.names.PROVENANCE`) and the trial's own tags
+    (:data:`~haepo_ray.names.RUN_TAGS`)."""
     return {names.NODE_IP: str(result.get("node_ip", "")), names.HOSTNAME: str(result.get("hostname", "")),
-            **(result.get(names.PROVENANCE) or {})}
+            **(result.get(names.PROVENANCE) or {}), **(result.get(names.RUN_TAGS) or {})}
 
 
 def is_metric_value(value: Any) -> bool:
