@@ -23,7 +23,9 @@ A folder of starts (a sweep's ``<experiment folder>/sft_starts``) holds:
   ``<key>/``; one that a killed maker left is removed by the next maker.
 
 Every worker of a trial loads from the folder, so trials on several nodes need it on storage
-they all mount (as Ray's ``storage_path`` must be).
+they all mount (as Ray's ``storage_path`` must be). The workers of a trial whose rank 0 waits
+on the lock wait in a collective: a concurrent maker's SFT must end within the process group's
+timeout.
 """
 
 from __future__ import annotations
