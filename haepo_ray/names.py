@@ -47,6 +47,14 @@ LLM_TIME_PHASES = ("load", "sft", "rollout", "update", "metrics", "eval")
 LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", one per phase below
 LLM_PEAK_RESERVED_MEMORY = "peak_memory_reserved_mb"  # the same for the CUDA allocator's reserved memory
 LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")  # an update's order
+# The held-out evaluation (haepo_ray.llm.train): "eval/<mode>/<metric>" at the update it ran after,
+# mode greedy (one completion per prompt) or sampled (group_size at the training temperature).
+LLM_EVAL = "eval"
+LLM_EVAL_MODES = ("greedy", "sampled")
+LLM_TOKEN_F1 = "token_f1"
+LLM_LENGTH_CLOSENESS = "length_closeness"
+LLM_EVAL_METRICS = (LLM_REWARD, LLM_TOKEN_F1, LLM_SEMANTIC_SIMILARITY, LLM_LENGTH_CLOSENESS, LLM_ROUGE_L,
+                    LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE, LLM_KL)
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).
@@ -95,3 +103,8 @@ VERSION_TORCH = "haepo.version.torch"
 VERSION_MLFLOW = "haepo.version.mlflow"
 VERSION_PYTHON = "haepo.version.python"
 PROVENANCE_PREFIXES = ("haepo.code.", "haepo.machine.", "haepo.version.")
+
+
+def llm_eval(metric: str, mode: str = "greedy") -> str:
+    """``reward_mean`` -> ``eval/greedy/reward_mean``: a held-out metric's key."""
+    return f"{LLM_EVAL}/{mode}/{metric}"

@@ -13,12 +13,15 @@ import pytest
 from haepo_ray import names
 from haepo_ray.cli import main
 from haepo_ray.llm.models import load_model
+from haepo_ray.llm.rewards import length_closeness, rouge_l, semantic_similarity, token_f1
 from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
 
 RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_similarity", "profanity_rate",
            "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb",
            "peak_memory_reserved_mb", "train_time_s", "phase_time_s"}
-GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "completion", "reward", "algorithm", "model", "seed"}
+GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "completion", "reward", "token_f1",
+                   "semantic_similarity", "length_closeness", "rouge_l", "completion_length", "kl", "algorithm",
+                   "model", "seed"}
 
 
 class CommonWords:
@@ -71,7 +74,7 @@ def test_output_files_follow_the_documented_schema(tmp_path, common_words):
     assert [(r["phase"], r["update"]) for r in metrics] == [("sft", 1), ("sft", 2), ("rl", 1), ("rl", 2)]
     assert set(metrics[0]) == {"update", "phase", "time_s", "loss"}
     for row in metrics[2:]:
-        assert set(row) == RL_KEYS
+        assert set(row) == RL_KEYS | ({"eval"} if row["update"] == 2 else set())  # evaluated after the last
         assert set(row["peak_memory_mb"]) == {"generation", "reference", "forward_backward", "optimizer"}
         assert all(math.isfinite(v) and v > 0 for v in row["peak_memory_mb"].values())
         assert row["peak_memory_reserved_mb"] == row["peak_memory_mb"]  # on CPU both are the VmHWM
@@ -83,6 +86,42 @@ def test_output_files_follow_the_documented_schema(tmp_path, common_words):
     assert len({g["prompt_id"] for g in generations}) == 3
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["algo"] == "HAEPO" and config["micro_batch_size"] == 3
+
+
+def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, common_words):
+    """The held-out prompts (none of whose texts SFT or RL sees) are evaluated after updates 2
+    and 3 (eval_every 2, and the last), in chunks of batch_prompts: the row's eval/greedy means
+    are those of generations.jsonl's records, whose parts are rewards.py's of their texts."""
+    settings = _settings(sft_examples=2, sft_batch=2, rl_updates=3, eval_every=2, eval_prompts=3, group_size=2)
+    run = LLMRun(settings, tmp_path, reward_fn=common_words)
+    run.sft()
+    rows = list(run.rl())
+    run.close()
+    held_out = [e.prompt_id for e in run.splits.eval]
+    trained = {e.source for e in run.splits.sft + run.splits.rl}
+    assert len(held_out) == 3 and not trained & {e.source for e in run.splits.eval}
+    assert [("eval" in r) for r in rows] == [False, True, True]
+    generations = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        evaluation = row["eval"]
+        assert set(evaluation) == set(names.LLM_EVAL_MODES)
+        for means in evaluation.values():
+            assert set(means) == set(names.LLM_EVAL_METRICS) and all(math.isfinite(v) for v in means.values())
+            assert means["completion_length"] == 8.0 and means["profanity_rate"] == 0.0
+        greedy = [g for g in generations if g["update"] == row["update"]]
+        assert [g["prompt_id"] for g in greedy] == held_out
+        for key in set(names.LLM_EVAL_METRICS) - {"profanity_rate"}:
+            column = "reward" if key == names.LLM_REWARD else key
+            assert evaluation["greedy"][key] == pytest.approx(sum(g[column] for g in greedy) / 3), key
+        for g in greedy:
+            assert g["reward"] == common_words([g["completion"]], None)[0]
+            assert g["token_f1"] == token_f1(g["completion"], g["reference"])
+            assert g["length_closeness"] == length_closeness(g["completion"], g["reference"])
+            assert g["rouge_l"] == rouge_l(g["completion"], g["reference"])
+            similarity, = semantic_similarity([g["completion"]], [g["reference"]])
+            assert g["semantic_similarity"] == pytest.approx(similarity)
+    # Sampled at temperature 1, not greedy.
+    assert rows[1]["eval"]["sampled"] != rows[1]["eval"]["greedy"]
 
 
 def test_train_time_is_the_whole_runs_and_holds_its_phases(tmp_path, common_words):

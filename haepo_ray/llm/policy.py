@@ -141,8 +141,16 @@ class Policy:
     def reference_logp(self, batch: Batch) -> Tensor:
         """The reference policy's token log-probs of ``batch``, ``micro_batch_size`` rows at a time."""
         with self._reference_model() as reference:
-            return torch.cat([self.stats(reference, batch.rows(c), False)[0]
-                              for c in chunks(len(batch), self.settings.micro_batch_size)])
+            return self._logp(reference, batch)
+
+    @torch.no_grad()
+    def logp(self, batch: Batch) -> Tensor:
+        """The trained policy's token log-probs of ``batch``, without gradient, as :meth:`reference_logp`."""
+        return self._logp(self.model, batch)
+
+    def _logp(self, model: Any, batch: Batch) -> Tensor:
+        return torch.cat([self.stats(model, batch.rows(c), False)[0]
+                          for c in chunks(len(batch), self.settings.micro_batch_size)])
 
     def update(self, batch: Batch, loss_fn: TokenLoss, *, phase: Phase = no_phase) -> tuple[Tensor, Tensor]:
         """Back-propagate ``loss_fn`` and take the optimiser step: (loss, token log-probs), detached."""

@@ -28,6 +28,7 @@ __all__ = [
     "RewardFn",
     "SummaryReward",
     "check_rewards",
+    "completion_scores",
     "length_closeness",
     "profanity_rate",
     "rouge_l",
@@ -95,7 +96,7 @@ def semantic_similarity(predictions: Sequence[str], references: Sequence[str]) -
 
 def rouge_l(prediction: str, reference: str) -> float:
     """ROUGE-L F-measure (Lin 2004), stemmed, as ``rouge-score`` computes it."""
-    return _rouge_scorer().score(reference, prediction)["rougeL"].fmeasure
+    return float(_rouge_scorer().score(reference, prediction)["rougeL"].fmeasure)
 
 
 @functools.cache
@@ -163,6 +164,18 @@ class SummaryReward:
             self.f1 * token_f1(c, r) + self.semantic * s + self.length * length_closeness(c, r)
             for c, r, s in zip(completions, refs, semantic, strict=True)
         ]
+
+
+def completion_scores(completions: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:
+    """Per completion: the paper reward's parts (``token_f1``, ``semantic_similarity``: its
+    cosine part, ``length_closeness``) and ``rouge_l``, against its reference."""
+    if len(completions) != len(references):
+        raise ValueError(f"need as many references as completions, got {len(references)} and {len(completions)}")
+    pairs = list(zip(completions, references, strict=True))
+    return {"token_f1": [token_f1(c, r) for c, r in pairs],
+            "semantic_similarity": semantic_similarity(completions, references),
+            "length_closeness": [length_closeness(c, r) for c, r in pairs],
+            "rouge_l": [rouge_l(c, r) for c, r in pairs]}
 
 
 def summary_metrics(completions: Sequence[str], references: Sequence[str]) -> dict[str, float]:

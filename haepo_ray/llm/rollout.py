@@ -27,6 +27,7 @@ __all__ = [
     "sample_completions",
     "sample_groups",
     "sampling_kwargs",
+    "sequence_kl",
     "sequence_logp",
     "token_stats",
 ]
@@ -214,3 +215,9 @@ def sequence_logp(token_logp: Tensor, completion_mask: Tensor) -> Tensor:
         empty = (lengths == 0).nonzero().flatten()[:5].tolist()
         raise ValueError(f"completions {empty} (first 5) have no tokens: L_k needs at least one")
     return (token_logp * completion_mask).sum(dim=1)
+
+
+def sequence_kl(token_logp: Tensor, ref_token_logp: Tensor, completion_mask: Tensor) -> Tensor:
+    """L_k - L_k^ref per completion, shape [N]: summed over its tokens, the per-token estimate
+    log pi - log pi_ref of KL(pi || pi_ref), unbiased for completions sampled from pi."""
+    return sequence_logp(token_logp, completion_mask) - sequence_logp(ref_token_logp, completion_mask)

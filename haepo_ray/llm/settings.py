@@ -101,7 +101,7 @@ class LLMTrainSettings:
     lora_r: int = 0
     lora_alpha: float = 16.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")  # peft's default for Llama and Qwen2
-    eval_prompts: int = 8
+    eval_prompts: int = 32  # held out from SFT and RL (haepo_ray.llm.data.split_examples)
     split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
     eval_every: int = 0
     reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)  # token F1, cosine, length closeness
@@ -168,8 +168,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "lora_r": "LoRA rank (0: train every weight)",
     "lora_alpha": "LoRA scale alpha",
     "lora_target_modules": "modules that get LoRA adapters",
-    "eval_prompts": "held-out prompts for generations.jsonl",
+    "eval_prompts": "held-out prompts of the evaluation (eval/* metrics, generations.jsonl)",
     "split_seed": "seed of the held-out / SFT / RL split (the same for every run)",
-    "eval_every": "also write generations every N updates (0: only after the last)",
+    "eval_every": "also evaluate on the held-out prompts every N updates (0: only after the last)",
     "reward_weights": "weights of token F1, MiniLM cosine similarity and length closeness in the reward",
 }

@@ -40,10 +40,20 @@ human-evaluation form read it):
   rewards), ``update`` (reference pass, forward/backward, optimiser step), ``metrics`` (the
   row's metrics) and ``eval`` (the held-out generations). What ``train_time_s`` holds beyond
   their sum is the writing of rows and checkpoints.
-- ``generations.jsonl``: one object per completion (greedy) of each evaluation prompt after
-  the last update (and every ``eval_every`` updates if > 0): ``{"update": int, "prompt_id":
-  str, "source": str, "reference": str, "completion": str, "reward": float, "algorithm":
-  str, "model": str, "seed": int}``.
+- The held-out evaluation, after the last update and every ``eval_every`` updates if > 0:
+  the ``eval_prompts`` held-out prompts (:func:`~haepo_ray.llm.data.split_examples`: no SFT or
+  RL example has their source text) get a greedy completion each and ``group_size`` sampled
+  at ``temperature`` (the seeds of update 0, which no training update has: the same at every
+  evaluation). That update's row gains ``"eval": {"greedy": {...}, "sampled": {...}}``, each
+  the means over its completions of :data:`haepo_ray.names.LLM_EVAL_METRICS`: ``reward_mean``,
+  the reward's parts ``token_f1``, ``semantic_similarity`` (its cosine part) and
+  ``length_closeness``, ``rouge_l``, ``completion_length``, ``profanity_rate`` and ``kl`` (as
+  the training row's, on these completions; for greedy ones the log-ratio, not an unbiased
+  estimate). MLflow logs them as ``eval/greedy/<metric>`` and ``eval/sampled/<metric>``.
+- ``generations.jsonl``: one object per greedy completion of each evaluation: ``{"update":
+  int, "prompt_id": str, "source": str, "reference": str, "completion": str, "reward": float,
+  "token_f1": float, "semantic_similarity": float, "length_closeness": float, "rouge_l":
+  float, "completion_length": int, "kl": float, "algorithm": str, "model": str, "seed": int}``.
 
 Sampling is seeded per prompt, (seed, update, the prompt's position in the update)
 (:func:`~haepo_ray.llm.distributed.sample_seed`): a run is reproducible, on one worker or
@@ -74,14 +84,21 @@ from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import OBJECTIVES, chunks, effective_num_trajectories, gold_first, group_loss, rows_per_prompt
 from haepo_ray.llm.policy import Policy
-from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
+from haepo_ray.llm.rewards import (
+    RewardFn,
+    SummaryReward,
+    check_rewards,
+    completion_scores,
+    profanity_rate,
+    summary_metrics,
+)
 from haepo_ray.llm.rollout import (
     Batch,
     completion_batch,
     concat_batches,
     generate,
     sample_groups,
-    sequence_logp,
+    sequence_kl,
 )
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
@@ -266,7 +283,7 @@ class LLMRun:
             row = {"update": self.update, **self._rl_update(chosen)}
             if self.update == s.rl_updates or (s.eval_every and self.update % s.eval_every == 0):
                 with self.clock.phase("eval"):
-                    self._evaluate()
+                    row.update(self._evaluate())
             row.update(self.clock.times())
             self.writer.metric(row)
             yield row
@@ -310,7 +327,7 @@ class LLMRun:
         with clock.phase("metrics"):
             sampled: Batch = batch.rows(sample_rows)
             mask = sampled.completion_mask
-            kl = (sequence_logp(logp[sample_rows], mask) - sequence_logp(ref_logp[sample_rows], mask)).mean()
+            kl = sequence_kl(logp[sample_rows], ref_logp[sample_rows], mask).mean()
             means = {  # over this worker's completions (or prompts); the share weighs them into the update's
                 "reward_mean": rewards.mean().item(),
                 **summary_metrics(texts, [e.reference for e in group_examples]),
@@ -331,21 +348,54 @@ class LLMRun:
             "peak_memory_reserved_mb": dict(zip(peaks.reserved, peak[n:], strict=True)),
         }
 
-    def _evaluate(self) -> None:
-        """Greedy completions of the held-out prompts, on rank 0."""
+    def _evaluate(self) -> dict[str, Any]:
+        """The held-out evaluation on rank 0 (module docstring): ``{"eval": {"greedy": means,
+        "sampled": means}}``, the greedy completions written to generations.jsonl; ``{}`` elsewhere."""
         if not self.world.is_main:
-            return
-        s, tokenizer = self.settings, self.tokenizer
-        for c in chunks(len(self.splits.eval), s.batch_prompts):
-            chosen = self.splits.eval[c]
+            return {}
+        s, tokenizer, held_out = self.settings, self.tokenizer, self.splits.eval
+        scores: dict[str, dict[str, list[float]]] = {mode: {} for mode in names.LLM_EVAL_MODES}
+        texts: dict[str, list[str]] = {mode: [] for mode in names.LLM_EVAL_MODES}
+        for c in chunks(len(held_out), s.batch_prompts):
+            chosen = held_out[c]
             prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in chosen]
-            _, texts = generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
-                                min_new_tokens=1, greedy=True)
-            rewards = check_rewards(self.reward_fn(texts, chosen), texts)
-            for e, text, reward in zip(chosen, texts, rewards, strict=True):
-                self.writer.generation({"update": self.update, "prompt_id": e.prompt_id, "source": e.source,
-                                        "reference": e.reference, "completion": text, "reward": reward,
-                                        "algorithm": s.algo, "model": s.model, "seed": s.seed})
+            positions = range(c.start, c.stop)
+            seeds = [sample_seed(s.seed, 0, i) for i in positions]
+            completions = {
+                "greedy": (*generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
+                                     min_new_tokens=1, greedy=True), chosen),
+                "sampled": (*sample_groups(self.model, tokenizer, prompts, seeds, positions, group_size=s.group_size,
+                                           max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
+                                           temperature=s.temperature),
+                            [e for e in chosen for _ in range(s.group_size)]),
+            }
+            for mode, (batch, mode_texts, examples) in completions.items():
+                chunk_scores = self._scores(batch, mode_texts, examples)
+                if mode == "greedy":
+                    for i, e in enumerate(examples):
+                        self.writer.generation({
+                            "update": self.update, "prompt_id": e.prompt_id, "source": e.source,
+                            "reference": e.reference, "completion": mode_texts[i],
+                            "reward": chunk_scores[names.LLM_REWARD][i],
+                            **{k: v[i] for k, v in chunk_scores.items() if k != names.LLM_REWARD},
+                            "algorithm": s.algo, "model": s.model, "seed": s.seed})
+                texts[mode] += mode_texts
+                for key, values in chunk_scores.items():
+                    scores[mode].setdefault(key, []).extend(values)
+        return {names.LLM_EVAL: {
+            mode: {**{k: sum(v) / len(v) for k, v in scores[mode].items()},
+                   names.LLM_PROFANITY_RATE: profanity_rate(texts[mode])}
+            for mode in names.LLM_EVAL_MODES}}
+
+    def _scores(self, batch: Batch, texts: list[str], examples: Sequence[Example]) -> dict[str, list[float]]:
+        """Per completion of ``batch``: the reward, its parts and ROUGE-L, the length in tokens
+        (EOS included) and the KL estimate L_k - L_k^ref."""
+        mask = batch.completion_mask
+        kl = sequence_kl(self.policy.logp(batch), self.policy.reference_logp(batch), mask)
+        return {names.LLM_REWARD: check_rewards(self.reward_fn(texts, examples), texts),
+                **completion_scores(texts, [e.reference for e in examples]),
+                names.LLM_COMPLETION_LENGTH: mask.sum(1).tolist(),
+                names.LLM_KL: kl.tolist()}
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -45,7 +45,7 @@ DEFAULT_METRICS = (
 )
 
 # The same for language-model trials (haepo_ray.sweep.llm_trainable): every value of the
-# update's metric row.
+# update's metric row, the held-out evaluation's "eval/<mode>/<metric>" (names.llm_eval) included.
 LLM_METRICS = (
     names.LLM_UPDATE,
     names.LLM_TRAIN_TIME,
@@ -62,6 +62,7 @@ LLM_METRICS = (
     f"{names.LLM_PHASE_TIME}/*",
     f"{names.LLM_PEAK_MEMORY}/*",
     f"{names.LLM_PEAK_RESERVED_MEMORY}/*",
+    *(names.llm_eval(metric, mode) for mode in names.LLM_EVAL_MODES for metric in names.LLM_EVAL_METRICS),
 )
 
 # MLflow's limits: items per log_batch call, lengths of values and keys.
