@@ -1,7 +1,10 @@
 """``haepo report`` on language-model sweeps: a real SQLite MLflow store holding the runs a
 language-model sweep writes (haepo_ray.sweep.llm_trainable through the tracking callback: tag
 ``haepo.model``, one step per RL update), with values chosen so every table cell is a sum by
-hand. No model is trained here (tests/test_llm_sweep.py runs a real sweep).
+hand. No model is trained here (tests/test_llm_sweep.py runs a real sweep). Each metric is
+logged three times, as a trial logs it: the held-out evaluation's greedy (``eval/greedy/*``)
+and sampled (``eval/sampled/*``, SAMPLED_SHIFT lower) values, and the training samples' (the
+bare name, TRAINING_SHIFT higher), which the report must never show.
 
 The store: experiment ``llm-report``, model ``tiny`` on ``aclsum``: GRPO and DPO with one
 configuration and HAEPO with two learning rates, 2 seeds each, 3 updates; and experiment
@@ -23,7 +26,7 @@ from haepo_ray import names
 from haepo_ray.report import build_report, to_text
 from haepo_ray.report.aggregate import group_trials, results_table
 from haepo_ray.report.figures import write_figures
-from haepo_ray.report.kinds import memory_phase
+from haepo_ray.report.kinds import LLM, memory_phase
 from haepo_ray.report.runs import Trial
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +44,7 @@ BASE = {
 OTHER = {names.LLM_SEMANTIC_SIMILARITY: 0.6, names.LLM_PROFANITY_RATE: 0.0, names.LLM_COMPLETION_LENGTH: 20.0,
          names.LLM_KL: 0.01, names.LLM_EFFECTIVE_NUM_TRAJECTORIES: 3.0, names.LLM_LOSS: 1.0}
 SEED_STEP, SLOPE = 0.2, 0.1
+SAMPLED_SHIFT, TRAINING_SHIFT = 0.05, 100.0
 PHASE_SHARE = {"generation": 1.0, "reference": 0.5, "forward_backward": 2.0, "optimizer": 1.5}  # x memory
 
 
@@ -50,10 +54,13 @@ def _row(base: dict, seed: int, update: int) -> dict[str, float]:
         return value + SEED_STEP * seed + SLOPE * update
 
     time_s = base["time"] + 0.5 * seed
+    values = {**{k: move(base[k]) for k in (names.LLM_REWARD, names.LLM_ROUGE_L)},
+              **{k: move(v) for k, v in OTHER.items()}}
     return {
         names.LLM_UPDATE: update,
-        **{k: move(base[k]) for k in (names.LLM_REWARD, names.LLM_ROUGE_L)},
-        **{k: move(v) for k, v in OTHER.items()},
+        **{k: v + TRAINING_SHIFT for k, v in values.items()},
+        **{names.llm_eval(k): v for k, v in values.items()},
+        **{names.llm_eval(k, "sampled"): v - SAMPLED_SHIFT for k, v in values.items()},
         names.LLM_UPDATE_TIME: time_s,
         names.LLM_TRAIN_TIME: SFT_S + update * time_s,
         names.TIME_TOTAL_S: 30.0 + update * time_s,
@@ -114,11 +121,12 @@ def _expected(base: dict) -> dict[str, tuple[float, float]]:
     seed_std = SEED_STEP / 2
     return {
         "reward": (base[names.LLM_REWARD] + final, seed_std),
+        "reward sampled": (base[names.LLM_REWARD] + final - SAMPLED_SHIFT, seed_std),
         "ROUGE-L": (base[names.LLM_ROUGE_L] + final, seed_std),
         "semantic similarity": (OTHER[names.LLM_SEMANTIC_SIMILARITY] + final, seed_std),
         "profanity rate": (OTHER[names.LLM_PROFANITY_RATE] + final, seed_std),
         "completion length": (OTHER[names.LLM_COMPLETION_LENGTH] + final, seed_std),
-        "KL": (OTHER[names.LLM_KL] + final, seed_std),
+        "KL sampled": (OTHER[names.LLM_KL] + final - SAMPLED_SHIFT, seed_std),
         # forward/backward is the highest phase, at the last update; seeds add 0 and 100 MB.
         "peak memory MB": (2.0 * base["memory"] + 10 * UPDATES + 50, 50),
         "s / update": (base["time"] + 0.25, 0.25),  # the same every update; seed 1 adds 0.5 s
@@ -126,6 +134,7 @@ def _expected(base: dict) -> dict[str, tuple[float, float]]:
 
 
 def test_llm_table_holds_the_papers_metrics_mean_and_std_over_seeds(llm_report):
+    """Of the held-out evaluation: the training samples' values are TRAINING_SHIFT away."""
     report, out = llm_report, llm_report.out
     table = report.table
     assert table.columns[:7].tolist() == ["experiment", "algorithm", "model", "data", "config", "seeds", "updates"]
@@ -141,16 +150,19 @@ def test_llm_table_holds_the_papers_metrics_mean_and_std_over_seeds(llm_report):
 
     csv = pd.read_csv(out / "results.csv")
     assert csv["reward mean"].tolist() == pytest.approx(table["reward mean"].tolist())
-    assert (out / "results.md").read_text().split("\n\n")[0].count("\n") == len(table) + 1
+    caption, markdown = (out / "results.md").read_text().split("\n\n")[:2]
+    assert caption == LLM.caption and "held-out" in caption and "never the training samples" in caption
+    assert markdown.count("\n") == len(table) + 1
 
 
 def test_llm_curves_run_on_updates_and_training_seconds(llm_report):
     grpo = next(g for g in llm_report.groups if g.algorithm == "GRPO")
-    by_update = grpo.curve(names.LLM_REWARD, names.LLM_UPDATE)
+    assert LLM.curves["reward-vs-updates"][0] == names.llm_eval(names.LLM_REWARD)
+    by_update = grpo.curve(names.llm_eval(names.LLM_REWARD), names.LLM_UPDATE)
     assert by_update.index.tolist() == [1, 2, 3]
     assert by_update["mean"].tolist() == pytest.approx([0.4 + SLOPE * u + SEED_STEP / 2 for u in (1, 2, 3)])
     assert by_update["std"].tolist() == pytest.approx([SEED_STEP / 2] * 3)
-    by_time = grpo.curve(names.LLM_REWARD, names.LLM_TRAIN_TIME)
+    by_time = grpo.curve(names.llm_eval(names.LLM_REWARD), names.LLM_TRAIN_TIME)
     assert by_time.index.max() == pytest.approx(SFT_S + UPDATES * 3.5)  # seed 1's last update
 
 
@@ -171,6 +183,7 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
     page = report.index.read_text()
     assert all(f.title in page for f in report.figures) and page.count("data:image/png;base64,") == 5
     assert "ROUGE-L mean" in page and "peak memory MB mean" in page
+    assert f'<p class="caption">{LLM.caption}</p>' in page
 
 
 def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
@@ -183,12 +196,12 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
     assert (rl["algorithm"], rl["return mean"], rl["s / 100 updates"]) == ("PPO", 1.0, 200.0)
     assert np.isnan(rl["reward mean"]) and pd.isna(rl["model"])
     tables = (tmp_path / "results.md").read_text().split("\n\n")
-    assert len(tables) == 4 and "return mean" in tables[0] and "reward mean" not in tables[0]
-    assert tables[2] == "Provenance (code, machine, libraries):"
-    assert "reward mean" in tables[1] and "return mean" not in tables[1]
+    assert len(tables) == 5 and "return mean" in tables[0] and "reward mean" not in tables[0]
+    assert tables[1] == LLM.caption and tables[3] == "Provenance (code, machine, libraries):"
+    assert "reward mean" in tables[2] and "return mean" not in tables[2]
     assert {f.section for f in report.figures} == {"tiny on aclsum", "haepo/ChainMDP-v0"}
     printed = to_text(table).split("\n\n")
-    assert len(printed) == 2 and "s / 100 updates" in printed[0] and "ROUGE-L mean" in printed[1]
+    assert printed[1:] == [LLM.caption, printed[2]] and "s / 100 updates" in printed[0] and "ROUGE-L mean" in printed[2]
 
     page = check_page(report.index, ARTIFACTS / "report-llm.png")
     assert not page["errors"], page["errors"]
@@ -209,9 +222,9 @@ def test_a_trial_that_reported_nothing_is_listed_without_figures(tmp_path):
 
 def test_a_beta_grid_of_an_llm_sweep_gets_a_heatmap_of_the_final_reward(tmp_path):
     """HAEPO on the tiny model over beta_ent x beta_kl (the issue's sweep path) gets the RL
-    sweeps' heatmap, of the final reward, named after its model and data set too."""
+    sweeps' heatmap, of the final held-out reward, named after its model and data set too."""
     def trial(beta_ent: float, beta_kl: float) -> Trial:
-        curves = pd.DataFrame({names.LLM_REWARD: [0.0, beta_ent + beta_kl]},
+        curves = pd.DataFrame({names.llm_eval(names.LLM_REWARD): [0.0, beta_ent + beta_kl]},
                               index=pd.Index([1, 2], name=names.LLM_UPDATE))
         return Trial(EXPERIMENT, "r", "HAEPO", "?", 0, {"beta_ent": beta_ent, "beta_kl": beta_kl}, {}, curves,
                      model="tiny", data="aclsum")
@@ -219,6 +232,6 @@ def test_a_beta_grid_of_an_llm_sweep_gets_a_heatmap_of_the_final_reward(tmp_path
     figures = write_figures(group_trials([trial(e, k) for e in (0.01, 0.1) for k in (0.0, 0.01)]), tmp_path)
     heatmap = next(f for f in figures if "heatmap" in f.stem)
     assert heatmap.stem == f"{EXPERIMENT}-HAEPO-tiny-aclsum-heatmap-betas"
-    assert heatmap.title == f"{EXPERIMENT}, HAEPO: final reward over beta_ent x beta_kl"
+    assert heatmap.title == f"{EXPERIMENT}, HAEPO: final held-out reward over beta_ent x beta_kl"
     svg = (tmp_path / f"{heatmap.stem}.svg").read_text()
-    assert "final mean reward" in svg and "0.11" in svg  # beta_ent=0.1, beta_kl=0.01
+    assert "final mean held-out reward" in svg and "0.11" in svg  # beta_ent=0.1, beta_kl=0.01

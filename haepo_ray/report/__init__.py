@@ -7,9 +7,10 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
 - ``results.csv`` and ``results.md``: one row per group (final metrics, mean and std over
   seeds; wall-clock seconds per 100 updates). The return is RLlib 2.60's
   ``env_runners/episode_return_mean``: the mean over the episodes of that iteration.
-  Language-model groups (trials tagged ``haepo.model``) have the paper's metrics instead
-  (:data:`~haepo_ray.report.kinds.LLM`); ``results.md`` and the page show each kind as its
-  own table, the CSV holds both;
+  Language-model groups (trials tagged ``haepo.model``) have the paper's metrics instead, of
+  the held-out evaluation (``eval/*``) and never of the training samples
+  (:data:`~haepo_ray.report.kinds.LLM`); ``results.md``, the printed tables and the page show
+  each kind as its own table, under its caption, the CSV holds both;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
   no network access needed);
@@ -34,6 +35,7 @@ import pandas as pd
 
 from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
+from haepo_ray.report.kinds import LLM
 from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
 from haepo_ray.report.runs import load_trials
 from haepo_ray.report.status import aggregated, unfinished_table
@@ -102,8 +104,17 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
 
 def to_markdown(table: pd.DataFrame) -> str:
     """The table as GitHub Markdown (numbers to 4 significant digits), one table per kind of
-    trial (RL and language-model rows share few columns), a blank line apart."""
-    return "\n\n".join(_markdown(part) for part in by_kind(table))
+    trial (RL and language-model rows share few columns) under its caption, a blank line apart."""
+    return "\n\n".join(_captioned(part, _markdown(part)) for part in by_kind(table))
+
+
+def _caption(part: pd.DataFrame) -> str:
+    """The caption of a kind's table (of :func:`by_kind`; language-model rows name a model)."""
+    return LLM.caption if "model" in part else ""
+
+
+def _captioned(part: pd.DataFrame, rendered: str) -> str:
+    return "\n\n".join(filter(None, [_caption(part), rendered]))
 
 
 def _markdown(table: pd.DataFrame) -> str:
@@ -118,8 +129,8 @@ def _warning_lines(report: Report) -> str:
 
 
 def to_text(table: pd.DataFrame) -> str:
-    """The table for a terminal: aligned columns, one table per kind of trial."""
-    return "\n\n".join(_text(part) for part in by_kind(table))
+    """The table for a terminal: aligned columns, one table per kind of trial under its caption."""
+    return "\n\n".join(_captioned(part, _text(part)) for part in by_kind(table))
 
 
 def _text(table: pd.DataFrame) -> str:
@@ -135,7 +146,8 @@ def report_text(report: Report) -> str:
 
 def render_html(report: Report, tracking_uri: str) -> str:
     """index.html: the results tables, then every figure (PNG embedded as a data URI)."""
-    table = "\n".join(part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
+    table = "\n".join((f'<p class="caption">{html.escape(_caption(part))}</p>\n' if _caption(part) else "")
+                      + part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
                       for part in by_kind(report.table))
     for title, extra in report.extras:
         table += f"\n<h2>{html.escape(title)}</h2>\n" + extra.to_html(index=False, border=0, classes="extra")
@@ -168,8 +180,9 @@ figcaption {{ font-size: 0.8em; }}
 <code>{html.escape(tracking_uri)}</code>. Mean and std over seeds; updates are training
 iterations (RL updates for language models); per environment (or model and data set), the
 curves show every configuration of a sweep of up to four, and the best one, by final return
-(reward), of a larger grid (its heatmaps show the rest). Language models: final values, peak
-memory over updates and phases, seconds per RL update.</p>
+(held-out reward), of a larger grid (its heatmaps show the rest). Language models: the held-out
+evaluation's values (eval/*, never the training samples' metrics), peak memory over updates and
+phases, seconds per RL update.</p>
 {warnings}{table}
 {chr(10).join(sections)}
 </body></html>

@@ -9,9 +9,10 @@ and heatmaps of the final return over lr x batch size and beta_ent x beta_kl, on
 (experiment, algorithm) whose sweep varies both.
 
 Language-model trials are drawn the same way, per model and data set, with their own metrics
-(:data:`~haepo_ray.report.kinds.LLM`: reward and ROUGE-L against updates and training
-seconds, heatmaps of the final reward), plus a bar chart of peak memory per phase of an update
-per configuration: the paper's memory comparison of HAEPO, GRPO and DPO.
+(:data:`~haepo_ray.report.kinds.LLM`: the held-out evaluation's reward and ROUGE-L against
+updates and training seconds, heatmaps of the final held-out reward), plus a bar chart of peak
+memory per phase of an update per configuration: the paper's memory comparison of HAEPO, GRPO
+and DPO.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import pandas as pd  # noqa: E402
 
 from haepo_ray import names  # noqa: E402
 from haepo_ray.report.aggregate import Group, curve_groups  # noqa: E402
-from haepo_ray.report.kinds import LLM, MAX, memory_phase, memory_phases  # noqa: E402
+from haepo_ray.report.kinds import GREEDY_ROUGE_L, LLM, MAX, memory_phase, memory_phases  # noqa: E402
 from haepo_ray.report.runs import ENTROPY, ITERATION, REGRET, RETURN, SECONDS, SUCCESS  # noqa: E402
 
 BATCH_KEYS = ("episodes_per_batch", "train_batch_size_per_learner", "batch_size", "batch_prompts")
 HEATMAP_AXES = {"lr-batch": ("lr", BATCH_KEYS), "betas": ("beta_ent", ("beta_kl",))}
 BOUNDS = {SUCCESS: (0.0, 1.0), ENTROPY: (0.0, None), REGRET: (0.0, None),  # metric -> its range
-          names.LLM_ROUGE_L: (0.0, 1.0)}
+          GREEDY_ROUGE_L: (0.0, 1.0)}
 X_LABELS = {ITERATION: "updates (training iterations)", SECONDS: "wall-clock seconds",
             LLM.step: "updates (RL updates)", LLM.seconds: "training seconds"}
 

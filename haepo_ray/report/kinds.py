@@ -32,6 +32,7 @@ class Kind:
     curves: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # figure -> (metric, x, y label)
     table: tuple[tuple[str, str, str], ...] = ()  # (column, metric, LAST | MAX | MEAN over a trial)
     subject: tuple[str, ...] = ()  # tags naming what was trained, as table columns
+    caption: str = ""  # what the table and curves show, above the kind's table
 
 
 RL = Kind(
@@ -53,31 +54,40 @@ RL = Kind(
             ("success", names.SUCCESS_RATE, LAST), ("entropy", ENTROPY, LAST))),
 )
 
-# The paper's language-model metrics (Sec. "LLM TL;DR"): summary quality and style at the end
-# of training, peak memory (the highest phase of any update: the device a run needs) and the
-# seconds an update takes.
+# The paper's language-model metrics (Sec. "LLM TL;DR"), all but time and memory from the held-out
+# evaluation (eval/*, haepo_ray.llm.train), never from the training samples: summary quality and
+# style of the greedy completions at the end of training, the reward and KL (an unbiased
+# estimate only there) of those sampled at the training temperature; peak memory (the highest
+# phase of any update: the device a run needs) and the seconds an update takes.
+GREEDY_REWARD = names.llm_eval(names.LLM_REWARD)
+GREEDY_ROUGE_L = names.llm_eval(names.LLM_ROUGE_L)
 LLM = Kind(
     name="llm",
     step=names.LLM_UPDATE,
     seconds=names.LLM_TRAIN_TIME,
-    headline=names.LLM_REWARD,
-    headline_label="reward",
-    metrics=(names.LLM_TRAIN_TIME, names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILARITY,
-             names.LLM_PROFANITY_RATE, names.LLM_COMPLETION_LENGTH, names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
-             names.LLM_KL, names.LLM_UPDATE_TIME),
+    headline=GREEDY_REWARD,
+    headline_label="held-out reward",
+    metrics=(names.LLM_TRAIN_TIME, names.LLM_UPDATE_TIME,
+             *(names.llm_eval(m, mode) for mode in names.LLM_EVAL_MODES for m in names.LLM_EVAL_METRICS)),
     prefixes=(f"{names.LLM_PEAK_MEMORY}/",),
     curves={
-        "reward-vs-updates": (names.LLM_REWARD, names.LLM_UPDATE, "mean reward"),
-        "reward-vs-seconds": (names.LLM_REWARD, names.LLM_TRAIN_TIME, "mean reward"),
-        "rouge-l-vs-updates": (names.LLM_ROUGE_L, names.LLM_UPDATE, "ROUGE-L"),
-        "rouge-l-vs-seconds": (names.LLM_ROUGE_L, names.LLM_TRAIN_TIME, "ROUGE-L"),
+        "reward-vs-updates": (GREEDY_REWARD, names.LLM_UPDATE, "held-out reward (greedy)"),
+        "reward-vs-seconds": (GREEDY_REWARD, names.LLM_TRAIN_TIME, "held-out reward (greedy)"),
+        "rouge-l-vs-updates": (GREEDY_ROUGE_L, names.LLM_UPDATE, "held-out ROUGE-L (greedy)"),
+        "rouge-l-vs-seconds": (GREEDY_ROUGE_L, names.LLM_TRAIN_TIME, "held-out ROUGE-L (greedy)"),
     },
-    table=(("reward", names.LLM_REWARD, LAST), ("ROUGE-L", names.LLM_ROUGE_L, LAST),
-           ("semantic similarity", names.LLM_SEMANTIC_SIMILARITY, LAST),
-           ("profanity rate", names.LLM_PROFANITY_RATE, LAST),
-           ("completion length", names.LLM_COMPLETION_LENGTH, LAST), ("KL", names.LLM_KL, LAST),
+    table=(("reward", GREEDY_REWARD, LAST), ("reward sampled", names.llm_eval(names.LLM_REWARD, "sampled"), LAST),
+           ("ROUGE-L", GREEDY_ROUGE_L, LAST),
+           ("semantic similarity", names.llm_eval(names.LLM_SEMANTIC_SIMILARITY), LAST),
+           ("profanity rate", names.llm_eval(names.LLM_PROFANITY_RATE), LAST),
+           ("completion length", names.llm_eval(names.LLM_COMPLETION_LENGTH), LAST),
+           ("KL sampled", names.llm_eval(names.LLM_KL, "sampled"), LAST),
            ("peak memory MB", names.LLM_PEAK_MEMORY, MAX), ("s / update", names.LLM_UPDATE_TIME, MEAN)),
     subject=("model", "data"),
+    caption=("Language models: every column but peak memory and s / update is the last held-out "
+             "evaluation (MLflow eval/*; eval_prompts prompts no SFT or RL example shares a text with), "
+             "of greedy completions, or sampled at the training temperature where marked; never the "
+             "training samples."),
 )
 
 STEPS = (RL.step, LLM.step)  # x axes of whole steps: the curves' grid is the steps themselves
