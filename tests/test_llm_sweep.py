@@ -46,6 +46,7 @@ UPDATE_METRICS = (names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILA
                   names.LLM_UPDATE_TIME, names.LLM_TRAIN_TIME, f"{names.LLM_PHASE_TIME}/load",
                   f"{names.LLM_PHASE_TIME}/eval", f"{names.LLM_PEAK_MEMORY}/generation",
                   f"{names.LLM_PEAK_MEMORY}/forward_backward", f"{names.LLM_PEAK_RESERVED_MEMORY}/forward_backward")
+EVAL_METRICS = tuple(names.llm_eval(metric, mode) for mode in names.LLM_EVAL_MODES for metric in names.LLM_EVAL_METRICS)
 
 
 def smoke_spec(**changes) -> dict:
@@ -110,6 +111,9 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
         for key in UPDATE_METRICS:
             assert update_history(client, child.info.run_id, key) == list(range(1, updates + 1)), key
         assert 0 <= child.data.metrics[names.LLM_REWARD] <= 1
+        for key in EVAL_METRICS:  # the held-out evaluation after the last update (eval_every 0)
+            assert update_history(client, child.info.run_id, key) == [updates], key
+        assert 0 <= child.data.metrics[names.llm_eval(names.LLM_REWARD, "sampled")] <= 1
     assert seen == {(a, s) for a in ("HAEPO", "GRPO", "DPO") for s in ("0", "1")}
     assert [len(v) for v in sft_seconds.values()] == [1, 1], sft_seconds
     starts = sorted(p.parent.name for p in (folder / "results").rglob(f"sft_starts/*/{MARKER}"))
@@ -120,6 +124,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
     assert len(generations) == 6
     rows = [json.loads(line) for line in generations[0].read_text().splitlines()]
     assert rows and {r["model"] for r in rows} == {"tiny"} and {r["update"] for r in rows} == {updates}
+    assert all({"token_f1", "semantic_similarity", "length_closeness", "rouge_l", "kl"} <= set(r) for r in rows)
     assert len(list(artifacts.rglob("checkpoint/state.pt"))) == 6
     best = max(children, key=lambda r: r.data.metrics[names.LLM_REWARD])
     assert parent.data.tags[names.BEST_RUN_ID] == best.info.run_id
