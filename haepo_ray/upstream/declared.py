@@ -69,7 +69,10 @@ class Internal:
         if not hasattr(owner, self.name):
             return f"{self.owner}.{self.name} is gone"
         if self.params is not None:
-            found = tuple(inspect.signature(getattr(owner, self.name)).parameters)
+            # Less Ray's tracing parameter: Ray adds _ray_trace_ctx to the signature of every
+            # method of a class it makes an actor of (RLlib's remote env runners), in place, so
+            # a process that has built one sees it on the upstream class too.
+            found = tuple(p for p in inspect.signature(getattr(owner, self.name)).parameters if p != "_ray_trace_ctx")
             if found != self.params:
                 return f"{self.owner}.{self.name} takes {found}, expected {self.params}"
         return None
