@@ -372,7 +372,7 @@ def _llm_gpu_spec(**llm) -> dict:
 
 def test_dry_run_refuses_llm_trials_that_cannot_fit_their_gpu():
     # reserved (the CUDA context's 0.5 GiB, cuBLAS's 64 MiB, the allocator's segments): 0.57 and 0.63 GiB
-    plan = parse_plan(_llm_gpu_spec(gpu_memory_gb=0.6), "fit.yaml")
+    plan = parse_plan(_llm_gpu_spec(gpu_memory_gb=0.6, fit="refuse"), "fit.yaml")  # (auto: planned to fit)
     with pytest.raises(SpecError) as err:
         dry_run(plan, out=io.StringIO())
     message = str(err.value)

@@ -14,7 +14,8 @@ DPO, whose loss has no such term (:data:`~haepo_ray.llm.settings.NOT_DPO`).
 
 GPU memory: :meth:`LLMPlan.fitted` holds the plan to the cluster's GPUs before launch
 (:mod:`haepo_ray.sweep.llm_fit`); the fitted plan's trial configs carry their estimates
-(``gpu_memory``) and, with ``gpus_per_worker: auto``, their share of a GPU.
+(``gpu_memory``), the memory settings they run with (``fit``: with ``llm.fit: auto`` a trial
+over its GPU is planned to fit) and, with ``gpus_per_worker: auto``, their share of a GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from haepo_ray import names
 from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.llm_config import RAY_TRAIN, trial_settings
-from haepo_ray.sweep.llm_fit import CONFIG_KEY, GPUFit, config_memory_key, estimate_keys
+from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, SweepSpec
 from haepo_ray.tracking.schema import LLM_METRICS
@@ -152,6 +153,7 @@ class LLMPlan(Plan):
         if fit is not None:
             space[CONFIG_KEY] = (fit.config(None) if self._trial_estimates else
                                  self._per_trial(fit.config))
+            space[FIT_KEY] = fit.fit_config(None) if self._trial_estimates else self._per_trial(fit.fit_config)
             if self.spec.llm.gpus_per_worker == "auto":
                 per_worker = {**space[RAY_TRAIN]["resources_per_worker"], "GPU": self._per_trial(fit.fraction)}
                 space[RAY_TRAIN] = {**space[RAY_TRAIN], "resources_per_worker": per_worker}
@@ -176,8 +178,9 @@ class LLMPlan(Plan):
     def fitted(self, cluster: Cluster) -> LLMPlan:
         """This plan held to ``cluster``'s GPUs (:mod:`haepo_ray.sweep.llm_fit`): with
         ``llm.use_gpu`` or ``llm.gpu_memory_gb``, each distinct trial configuration is simulated
-        once and trials that cannot fit are refused (SpecError naming each); GPU trials on a
-        local Ray without GPUs fail."""
+        once; with ``llm.fit: auto`` a trial over the limit is planned to fit
+        (:meth:`~haepo_ray.sweep.llm_fit.GPUFit.planned`), and trials that cannot fit are
+        refused (SpecError naming each); GPU trials on a local Ray without GPUs fail."""
         spec, llm = self.spec, self.spec.llm
         require_gpus(spec, self.trial_resources().get("GPU", 0.0), cluster, "llm.use_gpu", "set llm.use_gpu: false")
         if not (llm.use_gpu or llm.gpu_memory_gb):
@@ -189,15 +192,19 @@ class LLMPlan(Plan):
         else:
             limit, source = cluster.gpu_memory_gib, f"Ray's GPUs, {cluster.gpu_kind}"
         trials = planned_trials(self) or ([] if self._trial_estimates else [PlannedTrial(0, {})])
-        keys = {t.index: config_memory_key(self.trial_config(t.values, validate=False).__dict__) for t in trials}
+        from haepo_ray.llm.capacity.accelerators import RAY_ACCELERATOR_TYPES
+
+        accelerator = RAY_ACCELERATOR_TYPES.get(cluster.gpu_kind)  # None: the paper's
+        keys = {t.index: self._key(t.values) for t in trials}
         try:
             estimates = estimate_keys(dict.fromkeys(keys.values()), prompt_tokens=llm.prompt_tokens,
-                                      workers=llm.num_workers)
+                                      workers=llm.num_workers, accelerator=accelerator)
         except ValueError as err:  # a model whose config cannot be found offline
             raise SpecError(f"{spec.source or '<spec>'}: llm.model: {err}") from None
-        fit = GPUFit(limit, source, llm.gpu_reserve_gb, llm.prompt_tokens, estimates)
+        fit = GPUFit(limit, source, llm.gpu_reserve_gb, llm.prompt_tokens, estimates, mode=llm.fit,
+                     accelerator=accelerator).planned(keys.values(), workers=llm.num_workers)
         over = [f"{spec.source or '<spec>'}: trial {t.index} ({self._describe(t.values)}): {fit.refusal(keys[t.index])}"
-                for t in trials if not fit.fits(keys[t.index])]
+                for t in trials if fit.refused(keys[t.index])]
         if over:
             raise SpecError("\n".join(over))
         if llm.gpus_per_worker == "auto":
@@ -216,8 +223,13 @@ class LLMPlan(Plan):
         return ", ".join([str(algorithm), *(f"{name} {value}" for name, value in values.items())])
 
     def estimate_of(self, values: dict[str, Any]):
-        """The fitted plan's :class:`~haepo_ray.sweep.llm_fit.TrialEstimate` of a planned trial."""
-        return self.fit.estimates[config_memory_key(self.trial_config(values, validate=False).__dict__)]
+        """The fitted plan's :class:`~haepo_ray.sweep.llm_fit.TrialEstimate` of a planned trial (of
+        the settings it runs with)."""
+        return self.fit.estimates[self.fit.runs(self._key(values))]
+
+    def _key(self, values: dict[str, Any]) -> tuple:
+        """The memory key of the trial with these search values."""
+        return config_memory_key(self.trial_config(values, validate=False).__dict__)
 
     def trial_columns(self, values: dict[str, Any]) -> dict[str, Any]:
         """Columns of ``haepo sweep --dry-run``'s trials beside their values: the estimate, and
@@ -231,6 +243,12 @@ class LLMPlan(Plan):
                        "peak GiB (est.)": float(f"{est.peak_gib:.3g}"), "in": est.phase}
             if self.spec.llm.gpus_per_worker == "auto":
                 columns["GPU/worker"] = self._worker_resources(values)["GPU"]
+            if self.fit.mode == "auto" and self.fit.limit_gib is not None:
+                chosen = self.fit.fit_config(self._key(values))
+                columns |= {"fit": "planned" if chosen["planned"] else "as given",
+                            "micro_batch_size": chosen["micro_batch_size"] or "whole",
+                            "checkpointing": "on" if chosen["gradient_checkpointing"] else "off",
+                            "hours (est.)": float(f"{est.seconds / 3600:.3g}")}
         columns["SFT start"] = start_key(self.trial_config(values, validate=False))[:12]
         return columns
 
@@ -244,6 +262,10 @@ class LLMPlan(Plan):
                  if fit.limit_gib is not None else "no limit known: set llm.gpu_memory_gb to refuse what cannot fit")
         how = ("each trial estimates itself when it starts (Optuna suggests its memory settings)"
                if self._trial_estimates else f"{len(fit.estimates)} distinct configuration(s) simulated")
+        if fit.mode == "auto" and fit.limit_gib is not None:
+            how += (f"; llm.fit auto: {len(fit.plans)} configuration(s) over the limit planned to fit (the "
+                    "micro_batch_size and gradient_checkpointing that fit at the lowest roofline time on "
+                    f"{fit.fit_config(None)['accelerator']})")
         return (f"GPU memory: one worker's estimated reserved memory (prompts of {llm.prompt_tokens} tokens), "
                 f"{limit}; {how}")
 
@@ -285,7 +307,7 @@ class LLMPlan(Plan):
         a GPU of the trial with these search values (1 before the plan is fitted)."""
         resources = _worker_resources(self.spec)
         if resources.get("GPU") == "auto":
-            resources["GPU"] = self.fit.fraction(config_memory_key(self.trial_config(values, validate=False).__dict__)) \
+            resources["GPU"] = self.fit.fraction(self._key(values)) \
                 if self.fit is not None and self.fit.limit_gib is not None else 1.0
         return resources
 

@@ -59,7 +59,7 @@ def llm_trial(config: dict[str, Any]) -> None:
     from ray import tune
 
     workers = config[RAY_TRAIN]
-    check_own_fit(config, workers["num_workers"])
+    config = check_own_fit(config, workers["num_workers"])
     storage = tune.get_context().get_storage()
     starts = sft_starts(storage)
     if workers["num_workers"] == 0:

@@ -283,7 +283,10 @@ class RaySettings(_Model):
 class LLMSpec(_Model):
     """A language-model sweep (key ``llm``): each trial fine-tunes ``model`` on ``data`` with
     Ray Train workers, or in its own process with ``num_workers: 0``
-    (:mod:`haepo_ray.sweep.llm_trainable`)."""
+    (:mod:`haepo_ray.sweep.llm_trainable`). With ``use_gpu`` or ``gpu_memory_gb`` each trial's
+    memory is estimated before launch; one over its GPU is planned to fit (``fit: auto``, the
+    default: another micro-batch size or gradient checkpointing, which keep its gradients) or
+    refused (``fit: refuse``)."""
 
     model: str = Field(min_length=1)
     data: str = Field("aclsum", min_length=1)
@@ -296,6 +299,10 @@ class LLMSpec(_Model):
     # reserve do not fit are refused before launch. Default: what Ray reports of its GPUs.
     gpu_memory_gb: float | None = Field(None, gt=0)
     gpu_reserve_gb: float = Field(1.0, ge=0)  # per process: CUDA context, workspaces, fragmentation
+    # A trial over its GPU's memory: "auto" runs it with the micro_batch_size and
+    # gradient_checkpointing (the same gradients) that fit at the lowest estimated time
+    # (haepo_ray.sweep.llm_fit), "refuse" refuses it.
+    fit: Literal["auto", "refuse"] = "auto"
     prompt_tokens: int = Field(512, ge=1)  # the prompts' length in the memory estimate
 
     @model_validator(mode="after")
