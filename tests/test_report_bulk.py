@@ -63,8 +63,9 @@ def _build(db: Path) -> dict[str, str]:
                        + _metrics(names.POLICY_ENTROPY, [0.9, 0.8, 0.7])),
         "ragged": child("ragged", _metrics(RETURN, [1, 2, 3, math.nan, 5]) + _metrics(names.REGRET_PER_STEP, [4, 3])),
         "empty": child("empty", []),
-        "llm": child("llm", _metrics(names.LLM_REWARD, [0.1, 0.2, 0.3]) + _metrics("peak_memory_mb/generation", [7, 9])
-                     + _metrics("peak_memory_mb/update", [8, 6]), tags={names.MODEL: "tiny", names.DATA: "tldr"}),
+        "llm": child("llm", _metrics(names.llm_eval(names.LLM_REWARD), [0.1, 0.2, 0.3])
+                     + _metrics("peak_memory_mb/generation", [7, 9]) + _metrics("peak_memory_mb/update", [8, 6]),
+                     tags={names.MODEL: "tiny", names.DATA: "tldr"}),
         "long": child("long", _metrics(RETURN, range(LONG))),
         "half-a": child("half-a", _metrics(RETURN, range(HALF))),
         "half-b": child("half-b", _metrics(RETURN, range(HALF, 2 * HALF))),
