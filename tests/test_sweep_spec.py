@@ -421,21 +421,22 @@ def test_a_trial_whose_memory_settings_optuna_suggests_checks_itself():
 def test_the_gpus_memory_comes_from_rays_accelerator_type():
     """A Ray whose node declares one A100-40G (Ray's accelerator_type resource): the limit and
     the auto shares come from its 40 GiB when the spec gives no llm.gpu_memory_gb."""
-    spec = json.dumps(_llm_gpu_spec(gpus_per_worker="auto"))
+    # The Ray in a process of its own (this one's is the session's, without GPUs), which reads
+    # it as Cluster.of_ray does for a sweep; the plan is fitted to that reading here (the
+    # simulation's imports and the tiny model's simulation: seconds, not the other process's).
     code = f"""
-import json, ray
+import dataclasses, json, ray
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.plan import parse_plan
 ray.init(num_cpus=1, num_gpus=1, resources={{"accelerator_type:A100-40G": 1}}, include_dashboard=False,
          _temp_dir="{ray_temp_dir()}-a100")  # short: Ray's unix sockets
-cluster = Cluster.of_ray(embedded=True)
-plan = parse_plan(json.loads({spec!r}), "fit.yaml").fitted(cluster)
-print(json.dumps([cluster.gpus, cluster.gpu_memory_gib, cluster.gpu_kind, plan.fit.limit_gib, plan.fit.limit_source,
-                  plan.trial_resources({{"group_size": 32}})["GPU"]]))
+print(json.dumps(dataclasses.asdict(Cluster.of_ray(embedded=True))))
 ray.shutdown()
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    gpus, memory, kind, limit, source, share = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (gpus, memory, kind, limit, source) == (1.0, 40.0, "A100-40G", 40.0, "Ray's GPUs, A100-40G")
+    cluster = Cluster(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert cluster == Cluster(gpus=1.0, gpu_memory_gib=40.0, gpu_kind="A100-40G", embedded=True)
+    plan = parse_plan(_llm_gpu_spec(gpus_per_worker="auto"), "fit.yaml").fitted(cluster)
+    limit, source, share = plan.fit.limit_gib, plan.fit.limit_source, plan.trial_resources({"group_size": 32})["GPU"]
+    assert (limit, source) == (40.0, "Ray's GPUs, A100-40G")
     assert share == 0.02  # a tiny model's trial: 0.63 GiB reserved (most of it the CUDA context) of a 40 GiB GPU
