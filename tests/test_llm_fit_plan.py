@@ -91,17 +91,14 @@ def test_the_plan_fits_and_no_fitting_combination_is_estimated_faster(limit):
     assert plan.estimate_of({"seed": 0}).reserved_gib <= limit
     fitting = [c for c in search.considered if c.estimate.reserved_gib <= limit]
     assert all(c.estimate.seconds >= chosen.estimate.seconds for c in fitting)
-    # each combination of the grid not simulated was pruned: one that needs less memory did not fit
-    sizes = micro_batch_sizes(key, workers=0)
+    # each combination of the grid not simulated was pruned: the same micro-batch with checkpointing did not fit
     simulated = {(c.micro_batch_size, c.gradient_checkpointing): c for c in search.considered}
-    over = {k for k, c in simulated.items() if c.estimate.reserved_gib > limit}
-    for size in sizes:
-        for checkpointing in (False, True):
-            if (size, checkpointing) not in simulated:
-                smaller = [(s, checkpointing) for s in sizes[:sizes.index(size)]] + [(size, True)]
-                assert over & set(smaller), (size, checkpointing)
-                if _with(key, size, checkpointing) != key:  # (the trial as given was simulated to be refused)
-                    assert _with(key, size, checkpointing) not in plan.fit.estimates
+    for size in micro_batch_sizes(key, workers=0):
+        assert (size, True) in simulated
+        if (size, False) not in simulated:
+            assert simulated[size, True].estimate.reserved_gib > limit
+            if _with(key, size, False) != key:  # (the trial as given was simulated to be refused)
+                assert _with(key, size, False) not in plan.fit.estimates
     if limit == SOME:  # a real choice: several fit, with either checkpointing, at different times
         assert {c.gradient_checkpointing for c in fitting} == {False, True}
         assert len({c.estimate.seconds for c in fitting}) > 1
@@ -114,7 +111,7 @@ def test_a_trial_that_nothing_fits_is_refused_with_its_smallest_peak_and_what_do
     key = plan._key({"seed": 0})
     message = str(err.value)
     match = re.fullmatch(r"fit\.yaml: trial 0 \(HAEPO, seed 0\): no micro_batch_size or gradient_checkpointing fits "
-                         r"\(1 simulated\); the smallest, micro_batch_size 1, gradient_checkpointing true: estimated "
+                         r"\((\d+) simulated\); the smallest, micro_batch_size 1, gradient_checkpointing true: estimated "
                          r"reserved ([\d.]+) GiB \(allocated peak [\d.]+ GiB in (\w+)\) \+ 0 GiB reserve > 0\.5 GiB "
                          r"\(llm\.gpu_memory_gb\); (\w+) ([\d.e-]+) GiB of it: try (.+)", message)
     assert match, message
@@ -124,11 +121,12 @@ def test_a_trial_that_nothing_fits_is_refused_with_its_smallest_peak_and_what_do
     grid = [_with(key, s, c) for s in micro_batch_sizes(key, workers=0) for c in (False, True)]
     estimates = estimate_keys(grid, prompt_tokens=256, workers=0)
     assert min(e.reserved_gib for e in estimates.values()) == estimates[smallest].reserved_gib
+    assert int(match[1]) == len(micro_batch_sizes(key, workers=0))  # checkpointing on; off pruned
     est = estimates[smallest]
-    assert float(match[1]) == float(f"{est.reserved_gib:.3g}") and match[2] == est.phase
-    assert match[3] == max(est.categories, key=est.categories.get)
-    assert float(match[4]) == float(f"{est.categories[match[3]]:.3g}")
-    assert "micro_batch_size" not in match[5] and "gradient_checkpointing" not in match[5]
+    assert float(match[2]) == float(f"{est.reserved_gib:.3g}") and match[3] == est.phase
+    assert match[4] == max(est.categories, key=est.categories.get)
+    assert float(match[5]) == float(f"{est.categories[match[4]]:.3g}")
+    assert "micro_batch_size" not in match[6] and "gradient_checkpointing" not in match[6]
 
 
 def test_fit_refuse_refuses_a_trial_over_its_gpu_as_before():
