@@ -9,6 +9,12 @@ import pytest
 
 # Keep Ray from probing the machine's GPUs, dashboards and usage reporting in tests.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# One OpenMP thread per process (torch's intra-op pool), as Ray gives its workers: the tests'
+# own processes (2 pytest-xdist workers, the sweep drivers and commands they start) share 2
+# cores with Ray's actors, and a pool of one thread per core waits on the busy core at every
+# op (test_llm_train alone on this 2-core machine: 52 s with the default pool, 21 s with one
+# thread). Set before anything imports torch; a value the shell sets wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def ray_temp_dir() -> str:
