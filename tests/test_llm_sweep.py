@@ -223,8 +223,8 @@ TRAINS = {2: "RayTrainWorker", 0: "ImplicitFunc"}
 # starts, the workers importing transformers (about 120 CPU-seconds). The trial's own process:
 # the claim is in the test command twice over: the killed driver below restores the trial from
 # its checkpoint into a new actor (the same restore) and ends with the weights of one process,
-# each update logged once although the restored trial repeats some; test_sweep_e2e's failed
-# trial is retried by Tune from its checkpoint (max_failures) into one MLflow run.
+# each update logged once although the restored trial repeats some; test_multinode's node loss
+# has Tune retry a failed trial from its checkpoint (max_failures) into one MLflow run.
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 0])
 def test_a_killed_trial_trains_what_one_process_trains_uninterrupted(workers, ray_session, tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 
 - the smoke sweep (tune_configs/smoke.yaml): parent run, one child per trial with params,
   per-iteration metrics, tags, checkpoint; the printed best-trial summary matches MLflow;
-- a trial whose env raises once: retried from its checkpoint, one MLflow run;
+- a trial whose env raises once: retried from its checkpoint, one MLflow run (slow tier:
+  test_multinode's node loss proves it in the test command);
 - the driver killed mid-sweep (SIGKILL), then ``--resume``: every trial completes once, no
   duplicate MLflow runs or steps (slow tier: test_postgres runs it in the test command).
 """
@@ -102,6 +103,11 @@ def _flaky_env(config):
     return FlakyChainEnv(**config)
 
 
+# Slow tier: test_multinode's test_sweep_survives_the_loss_of_a_worker_node fails a trial (its
+# node killed) and checks the same: retried by Tune from its last checkpoint (max_failures), not
+# from scratch, to the last iteration; one MLflow run, FINISHED, haepo.num_failures recorded,
+# every step logged once.
+@pytest.mark.slow
 def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypatch):
     from ray.tune.registry import register_env
 
