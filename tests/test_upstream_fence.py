@@ -20,11 +20,11 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-import inspect
-import re
 from pathlib import Path
 
 import pytest
+
+from haepo_ray.upstream.declared import on_self
 
 PACKAGE = Path(__file__).resolve().parent.parent / "haepo_ray"
 FENCE = PACKAGE / "upstream"
@@ -68,21 +68,13 @@ def own_names(paths: list[Path]) -> set[str]:
 
 
 @functools.cache
-def _source(cls: type) -> str:
-    try:
-        return inspect.getsource(cls)
-    except (OSError, TypeError):
-        return ""
-
-
-@functools.cache
 def _upstream_defines(cls: type, name: str) -> bool:
     """An upstream base of ``cls`` has ``name`` (as a class attribute, or ``self.<name>`` in its
     source)."""
     for base in cls.__mro__[1:]:
         if base.__module__.split(".")[0] in ("haepo_ray", "builtins"):
             continue
-        if name in vars(base) or re.search(rf"self\.{re.escape(name)}\b", _source(base)):
+        if name in vars(base) or on_self(base, name):
             return True
     return False
 

@@ -6,6 +6,7 @@ Imports no upstream library: the fence's modules import theirs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -59,12 +60,8 @@ class Internal:
         if self.kind == "env":
             return None if self.name in inspect.getsource(owner) else f"{self.owner} no longer reads {self.name}"
         if self.kind == "instance":
-            for cls in owner.__mro__:
-                try:
-                    if re.search(rf"self\.{re.escape(self.name)}\b", inspect.getsource(cls)):
-                        return None
-                except (OSError, TypeError):
-                    continue
+            if any(on_self(cls, self.name) for cls in owner.__mro__):
+                return None
             return f"instances of {self.owner} no longer get {self.name}"
         if not hasattr(owner, self.name):
             return f"{self.owner}.{self.name} is gone"
@@ -76,6 +73,16 @@ class Internal:
             if found != self.params:
                 return f"{self.owner}.{self.name} takes {found}, expected {self.params}"
         return None
+
+
+@functools.cache
+def on_self(cls: type, name: str) -> bool:
+    """Whether the source of ``cls`` itself (not its bases) uses ``self.<name>``."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    return re.search(rf"self\.{re.escape(name)}\b", source) is not None
 
 
 class UpstreamVersionError(RuntimeError):
