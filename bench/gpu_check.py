@@ -46,6 +46,7 @@ import math
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, without installing it
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             row = check(algo, args.model, args.device)
         except Exception as err:  # an algorithm that fails (out of memory) leaves the others' rows
-            row = {"algo": algo, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+            row = {"algo": algo, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                   "traceback": traceback.format_exc()}
             if args.device == "cuda":
                 _free_cuda()
         result["rows"].append(row)

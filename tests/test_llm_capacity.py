@@ -4,6 +4,7 @@ profiler, its replay of repeated passes, the bundled model configs and ``haepo l
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ import torch
 from haepo_ray.cli import main
 from haepo_ray.llm.capacity.measure import measure
 from haepo_ray.llm.capacity.model_configs import BUNDLED, model_config
-from haepo_ray.llm.capacity.simulate import simulate
+from haepo_ray.llm.capacity.simulate import _cache_argument, simulate
 from haepo_ray.llm.capacity.steps import PHASES, Shapes, token_batch
 from haepo_ray.llm.objectives import OBJECTIVES, group_loss, rows_per_prompt
 from haepo_ray.llm.policy import Policy
@@ -232,6 +233,24 @@ def test_savers_show_in_the_simulation(tiny_config):
     assert plain.phases["reference"].categories["parameters"] >= 2 * weights
     assert weights <= lora.phases["reference"].categories["parameters"] < 1.1 * weights
     assert lora.trainable < plain.trainable / 10
+
+
+def test_the_kv_cache_is_passed_by_the_name_the_installed_forward_takes(tiny_config):
+    """transformers renamed the forward's ``past_key_values`` to ``cache`` within 5.x; a cache
+    passed by the other name is swallowed by ``**kwargs``, and generation's step then finds an
+    empty cache (the GPU image's 5.17 failed so before this choice)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny_config)
+    assert _cache_argument(model) in inspect.signature(model.forward).parameters
+
+    class OldForward:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    class NewForward:
+        def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs): ...
+
+    assert (_cache_argument(OldForward()), _cache_argument(NewForward())) == ("past_key_values", "cache")
 
 
 @pytest.mark.parametrize(("name", "parameters"), [

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -178,6 +179,12 @@ def _tracked_cache(model: Any, tracker: LiveBytes) -> Any:
     return TrackedCache(config=model.config)
 
 
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the KV cache: ``past_key_values`` up to transformers 5.17 (the GPU
+    image's), ``cache`` by 5.24 (the lock's); one passed by the other name is silently ignored."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracker: LiveBytes) -> None:
     """One group's sampling with the KV cache, as the module docstring says: each step as
@@ -189,10 +196,11 @@ def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracke
     loop = SimpleNamespace(input_ids=torch.zeros(rows, prompt_tokens, dtype=torch.long))  # the rows so far
     processors = logits_processors(model, sampling_kwargs(**sampling), loop.input_ids)
     unfinished = torch.ones(rows, dtype=torch.long)
+    cache_kwargs = {_cache_argument(model): cache}
 
     def step(ids: torch.Tensor) -> None:
         mask = torch.ones(loop.input_ids.shape, dtype=torch.long)
-        logits = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1).logits
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **cache_kwargs).logits
         loop.next_token_logits = logits[:, -1].to(copy=True, dtype=torch.float32)
         loop.next_token_scores = processors(loop.input_ids, loop.next_token_logits)
         loop.probs = torch.softmax(loop.next_token_scores, dim=-1)
