@@ -2,9 +2,9 @@
 plan's settings keep the trial's gradients, fit, and are the fastest fitting combination the
 search simulated; a trial that nothing fits, or ``llm.fit: refuse``, is refused.
 
-The tiny HAEPO trial at prompts of 256 tokens and completions of 64 (reserved, GiB, by
-micro-batch size 0/1/2/3 without and with checkpointing: 0.631/0.598/0.604/0.611 and
-0.604/0.594/0.598/0.600; the CUDA context's 0.5 GiB and cuBLAS's 64 MiB in each)."""
+The tiny HAEPO trial at prompts of 256 tokens and completions of 64 (reserved beyond the CUDA
+context, GiB, by micro-batch size 0/1/2/3 without and with checkpointing: 0.131/0.098/0.104/0.111
+and 0.104/0.094/0.098/0.100; cuBLAS's 64 MiB in each)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 from ray.tune.search.variant_generator import generate_variants
 
+from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES
 from haepo_ray.llm.objectives import OBJECTIVES, backward, group_loss
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rollout import token_stats
@@ -25,8 +26,9 @@ from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.spec import SpecError
 from helpers import RETURNS, group_batch
 
-ONLY_BOTH = 0.595  # GiB: only micro-batches of 1 with checkpointing fit
-SOME = 0.6  # several combinations fit, with either checkpointing
+CONTEXT = CUDA_CONTEXT_BYTES / 2**30
+ONLY_BOTH = round(CONTEXT + 0.095, 3)  # GiB: only micro-batches of 1 with checkpointing fit
+SOME = round(CONTEXT + 0.1, 3)  # several combinations fit, with either checkpointing
 
 
 def _spec(**llm) -> dict:
@@ -131,7 +133,7 @@ def test_a_trial_that_nothing_fits_is_refused_with_its_smallest_peak_and_what_do
 
 def test_fit_refuse_refuses_a_trial_over_its_gpu_as_before():
     with pytest.raises(SpecError, match=r"^fit\.yaml: trial 0 \(HAEPO, seed 0\): estimated reserved [\d.]+ GiB .* "
-                                        r"> 0\.6 GiB \(llm\.gpu_memory_gb\); \w+ [\d.]+ GiB of it: try "):
+                                        rf"> {re.escape(f'{SOME:g}')} GiB \(llm\.gpu_memory_gb\); \w+ [\d.]+ GiB of it: try "):
         _fitted(SOME, fit="refuse")
     with pytest.raises(SpecError, match=r"llm\.fit"):
         parse_plan(_spec(gpu_memory_gb=SOME, fit="shrink"), "fit.yaml")

@@ -23,8 +23,8 @@ field of the estimate with its source here:
   buffers, :data:`NCCL_BUFFSIZE` for each of :data:`NCCL_CHANNELS` channels and each of the
   ring's 2 peers; not in PyTorch's reserved bytes.
 
-The constants are figures from the sources named, not measured here: ``bench/gpu_check.py``
-measures the allocator's part on a GPU.
+The CUDA context is measured on an H100 by ``bench/gpu_check.py``, which also checks the
+allocator's part; the other constants are figures from the sources named.
 """
 
 from __future__ import annotations
@@ -44,12 +44,13 @@ __all__ = ["CUBLAS_HANDLES", "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES", "ME
            "NCCL_CHANNELS", "PROMPT_TOKENS", "estimate", "memory_key"]
 
 MIB = 2**20
-# The CUDA context of a PyTorch process (driver state, loaded kernels), with lazy module loading
-# (CUDA >= 11.7, PyTorch's default): "~300MB" (pytorch/pytorch#107667, ptrblck, 2023), "around
-# 400MB" (pytorch/pytorch#109888, ptrblck, 2023), 426 MiB in nvidia-smi on an RTX 6000 Ada with
-# PyTorch 2.10 + CUDA 13.0 (unslothai/unsloth-zoo#1053, 2026). No H100 figure found: the largest
-# rounded up. bench/gpu_check.py records the device's used memory beyond PyTorch's reserve.
-CUDA_CONTEXT_BYTES = 512 * MIB
+# The CUDA context of a PyTorch process (driver state, loaded kernels, libraries' own buffers),
+# with lazy module loading (PyTorch's default): measured by bench/gpu_check.py as the device's
+# used memory beyond PyTorch's reserve after a Qwen2.5-1.5B step, 772.8 MiB on an H100 80GB
+# HBM3 (torch 2.11+cu130, driver 580.159; 2026-11-26), rounded up to the MiB. Smaller figures
+# are reported for other GPUs (~300-430 MiB: pytorch/pytorch#107667, #109888;
+# unslothai/unsloth-zoo#1053); the largest measured is taken.
+CUDA_CONTEXT_BYTES = 773 * MIB
 # PyTorch's cuBLAS workspace per (handle, stream) when CUBLAS_WORKSPACE_CONFIG is unset
 # (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize): ":4096:8", 8 x 4096 KiB
 # = 32 MiB on sm90 (H100, H200); 2 x 4096 KiB + 8 x 16 KiB on older GPUs. The larger is taken.
