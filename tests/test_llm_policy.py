@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
-from haepo_ray.llm.objectives import backward, group_loss
+from haepo_ray.llm.objectives import group_loss
 from haepo_ray.llm.policy import Policy
-from haepo_ray.llm.rollout import token_stats
+from haepo_ray.llm.rollout import sample_completions, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings
 from helpers import RETURNS, group_batch
 
@@ -49,12 +49,36 @@ def test_gradient_checkpointing_recomputes_and_leaves_the_gradients_unchanged(ti
             ref = token_stats(model, batch)[0] * 1.1
         loss_fn = group_loss(policy.settings.objective(), batch, RETURNS[algo], ref, group_rows=3)
         calls.append(_layer_runs(policy.model))
-        backward(policy.model, batch, loss_fn, micro_batch_size=0, with_entropy=algo == "GRPO")
+        policy.gradients(batch, loss_fn)
         grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
     assert grads[0].abs().max() > 1e-4
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=0)
     layers = len(model.model.layers)
     assert calls[0] == [layers] and calls[1] == [2 * layers]  # each layer's forward runs again in the backward
+
+
+def test_checkpointed_layers_are_in_training_mode_only_in_passes_with_gradient(tiny_lm):
+    """transformers 5.17 drops the KV cache in a checkpointed layer in training mode (its
+    generation then attends to the newest token alone): outside the passes with gradient the
+    layers are in eval mode, and greedy generation is the same with checkpointing as without."""
+    model, tokenizer = tiny_lm
+    batch = group_batch(tokenizer)
+    policy = _rl_policy(model, _settings(gradient_checkpointing=True))
+    first = policy.model.model.layers[0]
+    seen: list[bool] = []
+    first.input_layernorm.register_forward_pre_hook(lambda *_: seen.append(first.training))
+    policy.logp(batch)
+    assert seen == [False]
+    loss_fn = group_loss(policy.settings.objective(), batch, RETURNS["HAEPO"], policy.reference_logp(batch),
+                         group_rows=3)
+    policy.gradients(batch, loss_fn)
+    assert seen == [False, True, True]  # the forward, and its recomputation in the backward
+    assert not any(layer.training for layer in policy.model.model.layers)
+    plain = _rl_policy(model, _settings())
+    prompt = batch.input_ids[:1, :4]
+    tokens = [sample_completions(p.model, prompt, torch.ones_like(prompt), eos_token_id=[-1],
+                                 pad_token_id=0, max_new_tokens=6, greedy=True) for p in (plain, policy)]
+    torch.testing.assert_close(tokens[1], tokens[0], rtol=0, atol=0)
 
 
 def test_lora_trains_only_its_adapter_and_refers_to_the_weights_without_it(tiny_lm):

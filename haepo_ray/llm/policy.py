@@ -14,7 +14,7 @@ Memory savers, each a setting of :class:`~haepo_ray.llm.settings.LLMTrainSetting
   pass (transformers' activation checkpointing, non-reentrant). Transformers checkpoints a
   layer only in training mode; the run keeps its model in eval mode (no dropout: the
   micro-batched backward re-runs the same forward), so only the decoder layers' own flag is
-  set to training, never their sub-modules'.
+  set to training, never their sub-modules', and only during the passes with gradient.
 - ``micro_batch_size`` (:func:`~haepo_ray.llm.objectives.backward`) and ``dtype``.
 """
 
@@ -44,12 +44,27 @@ def no_phase(name: str) -> contextlib.AbstractContextManager[None]:
 
 
 def _checkpoint_layers(model: Any) -> None:
+    # transformers 5.17 (the GPU image's) has only gradient_checkpointing_enable, 5.24 (the lock's)
+    # deprecates it for activation_checkpointing_enable; both are non-reentrant by default
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
+@contextlib.contextmanager
+def _layers_training(model: Any, on: bool) -> Iterator[None]:
+    """The decoder layers' own training flag set while passes with gradient run (their sub-modules
+    stay in eval mode). Only then: transformers 5.17 drops the KV cache in a checkpointed layer
+    in training mode, and its generation then attends to the newest token alone."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.activation_checkpointing_enable()  # non-reentrant
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer):
-            module.training = True  # the layer's flag only: its sub-modules stay in eval mode
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if on else []
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False
 
 
 def _frozen_copy(model: Any) -> Any:
@@ -121,9 +136,10 @@ class Policy:
         all workers (this worker's share of the token mean); ``None``: this worker has no rows."""
         loss = torch.zeros(())
         if batch is not None:
-            logp, _ = self.stats(self.model, batch, False)
-            loss = -logp.sum() / tokens
-            loss.backward()
+            with _layers_training(self.model, self.settings.gradient_checkpointing):
+                logp, _ = self.stats(self.model, batch, False)
+                loss = -logp.sum() / tokens
+                loss.backward()
         self.world.sum_gradients(self.trainable())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -152,12 +168,19 @@ class Policy:
         return torch.cat([self.stats(model, batch.rows(c), False)[0]
                           for c in chunks(len(batch), self.settings.micro_batch_size)])
 
-    def update(self, batch: Batch, loss_fn: TokenLoss, *, phase: Phase = no_phase) -> tuple[Tensor, Tensor]:
-        """Back-propagate ``loss_fn`` and take the optimiser step: (loss, token log-probs), detached."""
-        with phase("forward_backward"):
+    def gradients(self, batch: Batch, loss_fn: TokenLoss) -> tuple[Tensor, Tensor]:
+        """Back-propagate ``loss_fn`` into the trainable parameters' gradients, summed over the
+        workers: (loss, token log-probs), detached."""
+        with _layers_training(self.model, self.settings.gradient_checkpointing):
             loss, logp = backward(self.model, batch, loss_fn, micro_batch_size=self.settings.micro_batch_size,
                                   with_entropy=OBJECTIVES[self.settings.algo].with_entropy, stats=self.stats)
-            self.world.sum_gradients(self.trainable())
+        self.world.sum_gradients(self.trainable())
+        return loss, logp
+
+    def update(self, batch: Batch, loss_fn: TokenLoss, *, phase: Phase = no_phase) -> tuple[Tensor, Tensor]:
+        """:meth:`gradients`, then the optimiser step: (loss, token log-probs), detached."""
+        with phase("forward_backward"):
+            loss, logp = self.gradients(batch, loss_fn)
         with phase("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
