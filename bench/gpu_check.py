@@ -1,7 +1,8 @@
 """One prepared GPU check: the memory simulator's allocated and reserved peaks, and its roofline,
-against one real step of HAEPO, GRPO and DPO on a GPU.
+against one real step of HAEPO, GRPO and DPO on a GPU, in each of :data:`CONFIGS`.
 
     python bench/gpu_check.py OUT_DIR [--device cuda|cpu] [--model qwen2.5-1.5b|tiny]
+                              [--algo ...] [--config ...]
 
 Needs only PyTorch, transformers and peft (no Ray, MLflow, gymnasium, trl, no network): the
 model is built from its bundled config (haepo_ray/llm/capacity/configs/) with random weights
@@ -9,6 +10,11 @@ model is built from its bundled config (haepo_ray/llm/capacity/configs/) with ra
 (4 prompts x 4 completions per update, 4 SFT rows, 48 new tokens, micro-batches of 4, no LoRA,
 no gradient checkpointing) in bfloat16, prompts of 512 tokens; every completion runs to 48
 tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
+
+The configurations (:data:`CONFIGS`): those settings as given (micro-batches of 4), the whole
+update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpointing, and a
+planned fit (HAEPO only: :class:`haepo_ray.sweep.llm_fit.GPUFit` plans the whole update in one
+pass against :data:`PLAN_GIB` of memory, and the step runs with its choice).
 
 Per algorithm, on ``--device cuda``:
 
@@ -33,7 +39,8 @@ no caching allocator, so its "measured reserved" is the allocated peak, and the 
 H100's): the pipeline's test, not a check. ``--model tiny`` uses the tiny test model, prompts
 of 32 tokens, 2 prompts x 2 completions of 8 tokens.
 
-Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md.
+Writes OUT_DIR/gpu_check.json and OUT_DIR/gpu_check.md, again after each row (a run cut
+short keeps its rows).
 """
 
 from __future__ import annotations
@@ -54,26 +61,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, 
 import torch  # noqa: E402
 
 from haepo_ray.llm.capacity.accelerators import ACCELERATORS, EFFICIENCY, phase_seconds  # noqa: E402
-from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES, estimate  # noqa: E402
+from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES, estimate, memory_key  # noqa: E402
 from haepo_ray.llm.capacity.measure import measure, run_cuda, time_step  # noqa: E402
 from haepo_ray.llm.capacity.model_configs import model_config  # noqa: E402
 from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes  # noqa: E402
 from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings  # noqa: E402
+from haepo_ray.sweep.llm_fit import GPUFit, estimate_keys  # noqa: E402
 
 GIB = 2**30
 # tune_configs/paper/tldr_*.yaml's memory settings; (prompt tokens, settings) per model
 PAPER = dict(batch_prompts=4, group_size=4, sft_batch=4, max_new_tokens=48, micro_batch_size=4)
 TINY = dict(batch_prompts=2, group_size=2, sft_batch=2, max_new_tokens=8, micro_batch_size=2)
+# configuration -> settings changed from the paper's (LoRA's rank by model); "planned fit": module docstring
+CONFIGS = {"as given": {}, "one pass": {"micro_batch_size": 0}, "LoRA": {"lora_r": {"tiny": 2}},
+           "checkpointing": {"gradient_checkpointing": True}, "planned fit": {"micro_batch_size": 0}}
+LORA_R = 16
+# GiB the planned fit is held to, with no reserve: below the whole update in one pass, above the
+# smallest combination; the tiny model's is set from its own estimates (:func:`_plan_limit`)
+PLAN_GIB = {"qwen2.5-1.5b": 24.0}
 # GPU names (torch.cuda.get_device_name) -> accelerators' table
 NAMES = (("H200", "h200"), ("H100", "h100-80gb"), ("A100-SXM4-40GB", "a100-40gb"), ("A100", "a100-80gb"),
          ("L4", "l4"))
 
 
-def _settings(model: str, algo: str) -> tuple[LLMTrainSettings, int]:
+def _settings(model: str, algo: str, config: str = "as given") -> tuple[LLMTrainSettings, int]:
     fields, prompt_tokens = (TINY, 32) if model == "tiny" else (PAPER, 512)
+    changes = {k: v.get(model, LORA_R) if isinstance(v, dict) else v for k, v in CONFIGS[config].items()}
     settings = LLMTrainSettings(model=model, algo=algo, dtype="bfloat16", min_new_tokens=fields["max_new_tokens"],
-                                **fields)
+                                **fields | changes)
+    if config == "planned fit":
+        settings = _planned(settings, prompt_tokens)
     return settings, prompt_tokens
+
+
+def _plan_limit(settings: LLMTrainSettings, prompt_tokens: int) -> float:
+    """:data:`PLAN_GIB`; for the tiny model, halfway between micro-batches of 1 with
+    checkpointing and ``settings``."""
+    if settings.model in PLAN_GIB:
+        return PLAN_GIB[settings.model]
+    keys = [memory_key(settings), memory_key(dataclasses.replace(settings, micro_batch_size=1,
+                                                                 gradient_checkpointing=True))]
+    given, smallest = (e.reserved_gib for e in estimate_keys(keys, prompt_tokens=prompt_tokens, workers=0).values())
+    return (given + smallest) / 2
+
+
+def _planned(settings: LLMTrainSettings, prompt_tokens: int) -> LLMTrainSettings:
+    """``settings`` with what the planner chooses for them against :func:`_plan_limit`."""
+    key = memory_key(settings)
+    limit = _plan_limit(settings, prompt_tokens)
+    fit = GPUFit(limit, "gpu_check", 0.0, prompt_tokens, estimate_keys([key], prompt_tokens=prompt_tokens, workers=0),
+                 mode="auto").planned([key], workers=0)
+    if fit.refused(key):
+        raise ValueError(f"no plan fits {limit:.3g} GiB: {fit.refusal(key)}")
+    chosen = fit.fit_config(key)
+    return dataclasses.replace(settings, micro_batch_size=chosen["micro_batch_size"],
+                               gradient_checkpointing=chosen["gradient_checkpointing"])
 
 
 def _accelerator(device: str) -> str:
@@ -94,14 +136,16 @@ def _update_seconds(seconds: dict[str, float], settings: LLMTrainSettings) -> fl
     return sum(seconds[p] * (settings.batch_prompts if p == "generation" else 1) for p in RL_PHASES)
 
 
-def check(algo: str, model: str, device: str) -> dict:
-    settings, prompt_tokens = _settings(model, algo)
+def check(algo: str, model: str, device: str, configuration: str = "as given") -> dict:
+    settings, prompt_tokens = _settings(model, algo, configuration)
     shapes = Shapes(prompt_tokens, settings.max_new_tokens)
     config = model_config(model)
     start = time.perf_counter()
     est = estimate(settings, prompt_tokens=prompt_tokens, target=device)
     simulated_in = time.perf_counter() - start
-    row: dict = {"algo": algo, "simulated_in_s": simulated_in,
+    row: dict = {"algo": algo, "config": configuration, "simulated_in_s": simulated_in,
+                 "micro_batch_size": settings.micro_batch_size, "lora_r": settings.lora_r,
+                 "gradient_checkpointing": settings.gradient_checkpointing,
                  "simulated_allocated": est.allocated_bytes, "simulated_reserved": est.torch_reserved_bytes,
                  "simulated_peak_phase": est.peak_phase, "allocator_allocated": est.allocator_allocated,
                  "simulated_allocated_blocks": est.allocator_allocated + est.cublas_workspace_bytes,
@@ -139,17 +183,19 @@ def check(algo: str, model: str, device: str) -> dict:
 
 
 def _table(result: dict) -> str:
-    head = ["algo", "sim alloc GiB", "meas alloc GiB", "sim/meas", "sim reserved GiB", "meas reserved GiB",
-            "sim/meas", "update wall s", "roofline s", "wall/roofline"]
+    head = ["config", "algo", "micro-batch", "sim alloc GiB", "meas alloc GiB", "sim/meas", "sim reserved GiB",
+            "meas reserved GiB", "sim/meas", "update wall s", "roofline s", "wall/roofline"]
     lines = [f"GPU check on {result['device_name']} ({result['device']}), model {result['model']}, torch "
              f"{result['torch']}, transformers {result['transformers']}; roofline: {result['accelerator']} at "
              f"{result['efficiency']:.0%} of peak", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['algo']} | error: {r['error']} |" + " |" * (len(head) - 2))
+            lines.append(f"| {r['config']} | {r['algo']} | error: {r['error']} |" + " |" * (len(head) - 3))
             continue
-        cells = [r["algo"], *(f"{r[k] / GIB:.4g}" for k in ("simulated_allocated", "measured_allocated")),
+        batch = f"{r['micro_batch_size'] or 'whole'}" + (", checkpointing" if r["gradient_checkpointing"] else "")
+        cells = [r["config"], r["algo"], batch,
+                 *(f"{r[k] / GIB:.4g}" for k in ("simulated_allocated", "measured_allocated")),
                  f"{r['allocated_ratio']:.3f}",
                  *(f"{r[k] / GIB:.4g}" for k in ("simulated_reserved", "measured_reserved")),
                  f"{r['reserved_ratio']:.3f}", f"{r['update_s']:.3f}", f"{r['roofline_s']:.4f}",
@@ -158,12 +204,21 @@ def _table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(result: dict, out_dir: Path) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    table = _table(result)
+    (out_dir / "gpu_check.md").write_text(table)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--model", choices=("qwen2.5-1.5b", "tiny"), default="qwen2.5-1.5b")
     parser.add_argument("--algo", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("--config", nargs="+", choices=tuple(CONFIGS), default=list(CONFIGS))
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device")
@@ -176,21 +231,19 @@ def main(argv: list[str] | None = None) -> int:
               "accelerator": _accelerator(args.device), "efficiency": EFFICIENCY,
               "settings": dataclasses.asdict(_settings(args.model, "HAEPO")[0]) | {"algo": None},
               "prompt_tokens": _settings(args.model, "HAEPO")[1], "rows": []}
-    for algo in args.algo:
+    runs = [(c, a) for c in args.config for a in args.algo if c != "planned fit" or a == "HAEPO"]
+    for configuration, algo in runs:
         try:
-            row = check(algo, args.model, args.device)
-        except Exception as err:  # an algorithm that fails (out of memory) leaves the others' rows
-            row = {"algo": algo, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-                   "traceback": traceback.format_exc()}
+            row = check(algo, args.model, args.device, configuration)
+        except Exception as err:  # a row that fails (out of memory) leaves the others
+            row = {"algo": algo, "config": configuration, "traceback": traceback.format_exc(),
+                   "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
             if args.device == "cuda":
                 _free_cuda()
         result["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}), flush=True)
-    result["wall_s"] = time.perf_counter() - started
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    table = _table(result)
-    (args.out_dir / "gpu_check.md").write_text(table)
+        result["wall_s"] = time.perf_counter() - started
+        table = _write(result, args.out_dir)
     print(table)
     return 0 if all("error" not in r and all(math.isfinite(r[k]) for k in ("allocated_ratio", "reserved_ratio",
                                                                             "time_ratio")) for r in result["rows"]) else 1

@@ -70,14 +70,16 @@ def test_gpu_check_runs_without_ray_mlflow_gymnasium_or_trl(cpu_check):
     assert "HIDDEN LOADED: []" in proc.stdout
 
 
-def test_gpu_check_writes_one_row_per_algorithm_with_finite_numbers(cpu_check):
+def test_gpu_check_writes_one_row_per_algorithm_and_configuration_with_finite_numbers(cpu_check):
     out, proc = cpu_check
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "gpu_check.json").read_text())
     assert (result["device"], result["model"]) == ("cpu", "tiny")
     assert result["torch"] and result["transformers"] and result["device_name"]
     rows = result["rows"]
-    assert [r["algo"] for r in rows] == ["HAEPO", "GRPO", "DPO"]
+    algos = ["HAEPO", "GRPO", "DPO"]
+    expected = [(c, a) for c in ("as given", "one pass", "LoRA", "checkpointing") for a in algos]
+    assert [(r["config"], r["algo"]) for r in rows] == expected + [("planned fit", "HAEPO")]
     numbers = ("simulated_allocated", "measured_allocated", "allocated_ratio", "simulated_reserved",
                "measured_reserved", "reserved_ratio", "update_s", "roofline_s", "time_ratio")
     for r in rows:
@@ -85,6 +87,22 @@ def test_gpu_check_writes_one_row_per_algorithm_with_finite_numbers(cpu_check):
         assert r["allocated_ratio"] == r["simulated_allocated"] / r["measured_allocated"]
         assert r["time_ratio"] == r["update_s"] / r["roofline_s"]
     table = (out / "gpu_check.md").read_text().splitlines()
-    body = [line for line in table if line.startswith("| ") and not line.startswith("| algo")]
-    assert [line.split(" | ")[0] for line in body] == ["| HAEPO", "| GRPO", "| DPO"]
-    assert all(len(line.split(" | ")) == 10 for line in body)
+    body = [line for line in table if line.startswith("| ") and not line.startswith("| config")]
+    assert [tuple(line.split(" | ")[:2]) for line in body] == [(f"| {c}", a) for c, a in expected + [("planned fit",
+                                                                                                          "HAEPO")]]
+    assert all(len(line.split(" | ")) == 12 for line in body)
+
+
+def test_each_configuration_runs_with_its_settings(cpu_check):
+    out, _ = cpu_check
+    rows = {(r["config"], r["algo"]): r for r in json.loads((out / "gpu_check.json").read_text())["rows"]}
+    given = rows["as given", "HAEPO"]
+    assert (given["micro_batch_size"], given["lora_r"], given["gradient_checkpointing"]) == (2, 0, False)
+    assert rows["one pass", "HAEPO"]["micro_batch_size"] == 0
+    assert rows["LoRA", "HAEPO"]["lora_r"] == 2
+    assert rows["LoRA", "HAEPO"]["measured_allocated"] < given["measured_allocated"]
+    assert rows["checkpointing", "HAEPO"]["gradient_checkpointing"]
+    # planned from the whole update in one pass against a limit below it: the plan changed it
+    planned = rows["planned fit", "HAEPO"]
+    assert (planned["micro_batch_size"], planned["gradient_checkpointing"]) != (0, False)
+    assert planned["simulated_reserved"] < rows["one pass", "HAEPO"]["simulated_reserved"]
