@@ -46,11 +46,11 @@ __all__ = ["CUBLAS_HANDLES", "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES", "ME
 MIB = 2**20
 # The CUDA context of a PyTorch process (driver state, loaded kernels, libraries' own buffers),
 # with lazy module loading (PyTorch's default): measured by bench/gpu_check.py as the device's
-# used memory beyond PyTorch's reserve after a Qwen2.5-1.5B step, 772.8 MiB on an H100 80GB
-# HBM3 (torch 2.11+cu130, driver 580.159; 2026-11-26), rounded up to the MiB. Smaller figures
-# are reported for other GPUs (~300-430 MiB: pytorch/pytorch#107667, #109888;
-# unslothai/unsloth-zoo#1053); the largest measured is taken.
-CUDA_CONTEXT_BYTES = 773 * MIB
+# used memory beyond PyTorch's reserve after a Qwen2.5-1.5B step, 772.8 to 774.8 MiB over 13
+# steps on an H100 80GB HBM3 (torch 2.11+cu130, driver 580.159; 2026-11-26), rounded up to the
+# MiB. Smaller figures are reported for other GPUs (~300-430 MiB: pytorch/pytorch#107667,
+# #109888; unslothai/unsloth-zoo#1053); the largest measured is taken.
+CUDA_CONTEXT_BYTES = 775 * MIB
 # PyTorch's cuBLAS workspace per (handle, stream) when CUBLAS_WORKSPACE_CONFIG is unset
 # (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize): ":4096:8", 8 x 4096 KiB
 # = 32 MiB on sm90 (H100, H200); 2 x 4096 KiB + 8 x 16 KiB on older GPUs. The larger is taken.
