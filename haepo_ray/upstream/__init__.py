@@ -5,7 +5,8 @@ patches lives in this package, one module per library, each name with its reason
 - :mod:`~haepo_ray.upstream.rllib`: RLlib;
 - :mod:`~haepo_ray.upstream.mlflow`: MLflow;
 - :mod:`~haepo_ray.upstream.torch`: PyTorch (fake tensors, dispatch modes, attention kernels);
-- :mod:`~haepo_ray.upstream.transformers`: transformers' ``generate`` internals.
+- :mod:`~haepo_ray.upstream.transformers`: transformers' ``generate`` internals;
+- :mod:`~haepo_ray.upstream.trl`: TRL's GRPO step, as the memory simulator runs it.
 
 Each module lists what it uses in ``INTERNALS`` (:class:`~haepo_ray.upstream.declared.Internal`:
 a test checks each still exists with the signature expected, so an upgrade fails there before
@@ -25,7 +26,7 @@ from haepo_ray.upstream.declared import PATCHES_SETTING, Internal, Patch, Upstre
 
 __all__ = ["LIBRARIES", "PATCHES_SETTING", "Internal", "Patch", "UpstreamVersionError", "internals", "patches"]
 
-LIBRARIES = ("tune", "rllib", "mlflow", "torch", "transformers")
+LIBRARIES = ("tune", "rllib", "mlflow", "torch", "transformers", "trl")
 
 
 def internals() -> list[Internal]:
