@@ -27,6 +27,7 @@ from haepo_ray.report import build_report, to_text
 from haepo_ray.report.aggregate import group_trials, results_table
 from haepo_ray.report.figures import write_figures
 from haepo_ray.report.kinds import LLM, memory_phase
+from haepo_ray.report.llm_results import METHODS_TITLE
 from haepo_ray.report.runs import Trial
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,7 +171,8 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
     report, out = llm_report, llm_report.out
     stems = {f.stem for f in report.figures}
     section = "tiny_on_aclsum"
-    kinds_of_figure = ("reward-vs-updates", "reward-vs-seconds", "rouge-l-vs-updates", "rouge-l-vs-seconds", "peak-memory")
+    kinds_of_figure = ("reward-vs-updates", "reward-vs-seconds", "rouge-l-vs-updates", "rouge-l-vs-seconds",
+                       "effective-trajectories-vs-updates", "peak-memory")
     assert stems == {f"{section}-{name}" for name in kinds_of_figure}
     assert {f.section for f in report.figures} == {"tiny on aclsum"}
     for stem in stems:
@@ -178,10 +180,12 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
     svg = (out / f"{section}-reward-vs-updates.svg").read_text()
     assert all(f"{EXPERIMENT}: {a} (default, 2 seeds)" in svg for a in ("DPO", "GRPO"))
     assert f"{EXPERIMENT}: HAEPO (lr=1e-05, 2 seeds)" in svg
+    n_eff = (out / f"{section}-effective-trajectories-vs-updates.svg").read_text()  # HAEPO's weights: HAEPO alone
+    assert f"{EXPERIMENT}: HAEPO (lr=1e-05, 2 seeds)" in n_eff and "GRPO" not in n_eff and "DPO" not in n_eff
     memory = (out / f"{section}-peak-memory.svg").read_text()
     assert all(p in memory for p in ("generation", "reference", "forward/backward", "optimizer"))
     page = report.index.read_text()
-    assert all(f.title in page for f in report.figures) and page.count("data:image/png;base64,") == 5
+    assert all(f.title in page for f in report.figures) and page.count("data:image/png;base64,") == 6
     assert "ROUGE-L mean" in page and "peak memory MB mean" in page
     assert f'<p class="caption">{LLM.caption}</p>' in page
 
@@ -196,8 +200,9 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
     assert (rl["algorithm"], rl["return mean"], rl["s / 100 updates"]) == ("PPO", 1.0, 200.0)
     assert np.isnan(rl["reward mean"]) and pd.isna(rl["model"])
     tables = (tmp_path / "results.md").read_text().split("\n\n")
-    assert len(tables) == 5 and "return mean" in tables[0] and "reward mean" not in tables[0]
-    assert tables[1] == LLM.caption and tables[3] == "Provenance (code, machine, libraries):"
+    assert len(tables) == 7 and "return mean" in tables[0] and "reward mean" not in tables[0]
+    assert tables[1] == LLM.caption and tables[5] == "Provenance (code, machine, libraries):"
+    assert tables[3] == f"{METHODS_TITLE}:"  # no generations here: no win rates
     assert "reward mean" in tables[2] and "return mean" not in tables[2]
     assert {f.section for f in report.figures} == {"tiny on aclsum", "haepo/ChainMDP-v0"}
     printed = to_text(table).split("\n\n")
@@ -205,7 +210,7 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
 
     page = check_page(report.index, ARTIFACTS / "report-llm.png")
     assert not page["errors"], page["errors"]
-    assert len(page["image_widths"]) == len(report.figures) == 7  # the LM sweep's 5, RL return vs updates, seconds
+    assert len(page["image_widths"]) == len(report.figures) == 8  # the LM sweep's 6, RL return vs updates, seconds
     assert all(width and width > 100 for width in page["image_widths"]), page["image_widths"]
     assert page["table_rows"] == [1, 4]
 

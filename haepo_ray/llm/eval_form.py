@@ -103,9 +103,9 @@ def _kind_name(kind) -> str:
 
 
 @contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
+def no_progress_bars() -> Iterator[None]:
     """MLflow draws a "Downloading artifacts" bar per file (one per trial run); the form's
-    command prints what it wrote instead."""
+    command and ``haepo report`` print what they wrote instead."""
     saved = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     try:
@@ -129,7 +129,7 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
     runs = [r for r in search_all_runs(client, exp.experiment_id, f"tags.`{ROLE}` = 'trial'")
             if PARENT_RUN in r.data.tags]
     records: list[Generation] = []
-    with tempfile.TemporaryDirectory() as tmp, _no_progress_bars():
+    with tempfile.TemporaryDirectory() as tmp, no_progress_bars():
         for run in runs:
             run_id = run.info.run_id
             if GENERATIONS in {a.path for a in client.list_artifacts(run_id)}:

@@ -11,6 +11,10 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
   the held-out evaluation (``eval/*``) and never of the training samples
   (:data:`~haepo_ray.report.kinds.LLM`); ``results.md``, the printed tables and the page show
   each kind as its own table, under its caption, the CSV holds both;
+- for language-model groups, ``llm_results.csv`` and ``win_rates.csv``: per method (an
+  algorithm and configuration), the held-out results' mean and 95% confidence interval over
+  seeds, and its win rates against the other methods on the held-out prompts
+  (:mod:`~haepo_ray.report.llm_results`), in every output too;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
   no network access needed);
@@ -28,7 +32,7 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -36,6 +40,7 @@ import pandas as pd
 from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
 from haepo_ray.report.kinds import LLM
+from haepo_ray.report.llm_results import METHODS_TITLE, methods_table, numbers, texts, win_rate_matrices, win_rates
 from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
 from haepo_ray.report.runs import load_trials
 from haepo_ray.report.status import aggregated, unfinished_table
@@ -56,13 +61,17 @@ class Report:
     provenance: pd.DataFrame  # per configuration (:func:`provenance_table`)
     warnings: list[str]  # mixed code versions, uncommitted changes
     include_unfinished: bool = False
+    methods: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`methods_table`)
+    win_rates: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`win_rates`)
 
     @property
     def extras(self) -> list[tuple[str, pd.DataFrame]]:
-        """The tables after the results, with their titles: the trials that did not finish
-        (when some did not), the provenance."""
+        """The tables after the results, with their titles: the language-model methods and
+        their win rates (where there are some), the trials that did not finish (when some did
+        not), the provenance."""
         how = "included in" if self.include_unfinished else "left out of"
-        extras = [(f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished)]
+        extras = [(METHODS_TITLE, texts(self.methods)), *win_rate_matrices(self.win_rates),
+                  (f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished)]
         return [e for e in extras if len(e[1])] + [("Provenance (code, machine, libraries)", self.provenance)]
 
     @property
@@ -94,8 +103,12 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     if len(unfinished):
         unfinished.to_csv(out / "unfinished.csv", index=False)
     provenance.to_csv(out / "provenance.csv", index=False)
+    methods, rates = methods_table(groups), win_rates(groups)
+    for name, part in (("llm_results.csv", methods), ("win_rates.csv", rates)):
+        if len(part):
+            numbers(part).to_csv(out / name, index=False)
     figures = write_figures(groups, out)
-    report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished)
+    report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished, methods, rates)
     extras = "".join(f"\n\n{title}:\n\n{_markdown(t)}" for title, t in report.extras)
     (out / "results.md").write_text(_warning_lines(report) + to_markdown(table) + extras + "\n")
     report.index.write_text(render_html(report, tracking_uri))

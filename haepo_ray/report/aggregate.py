@@ -17,10 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from haepo_ray.report.kinds import LAST, MAX, MEAN, RL, STEPS, Kind
+from haepo_ray.report.kinds import AUC, LAST, MAX, MEAN, RL, STEPS, TAIL, TAIL_STEPS, Kind
 from haepo_ray.report.runs import ITERATION, RETURN, SECONDS, Trial
+from haepo_ray.report.stats import auc
 
 GRID_POINTS = 200
+# A trial's (steps, values) of a metric -> one number (kinds.LAST, ...).
+REDUCE = {LAST: lambda steps, v: v[-1], MAX: lambda steps, v: np.max(v), MEAN: lambda steps, v: np.mean(v),
+          AUC: auc, TAIL: lambda steps, v: np.mean(v[-TAIL_STEPS:])}
 
 
 @dataclass
@@ -86,13 +90,12 @@ class Group:
         return self.per_trial(metric, LAST)
 
     def per_trial(self, metric: str, how: str) -> np.ndarray:
-        """Each trial's ``metric`` as one number: its ``last`` value, its ``max`` (a peak) or
-        its ``mean`` over steps (NaN where it has none)."""
-        reduce = {LAST: lambda v: v[-1], MAX: np.max, MEAN: np.mean}[how]
+        """Each trial's ``metric`` as one number, ``how`` one of :data:`REDUCE` (NaN where it
+        has no value)."""
         out = []
         for trial in self.trials:
-            values = _values(trial.curves, metric)[1]
-            out.append(float(reduce(values)) if len(values) else np.nan)
+            steps, values = _values(trial.curves, metric)
+            out.append(float(REDUCE[how](steps, values)) if len(values) else np.nan)
         return np.asarray(out)
 
     def seconds_per_100_updates(self) -> np.ndarray:

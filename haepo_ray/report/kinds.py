@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 from haepo_ray import names
 
 ENTROPY = "policy_entropy"  # RLlib's two entropy keys (names.POLICY_ENTROPY_KEYS) as one column
-LAST, MAX, MEAN = "last", "max", "mean"  # how a trial's curve becomes one number in the table
+# How a trial's curve becomes one number: its last value, its peak, its mean over steps, its area
+# (stats.auc: the trapezoid over its steps / their span) and the mean of its last TAIL_STEPS values.
+LAST, MAX, MEAN, AUC, TAIL = "last", "max", "mean", "auc", "tail"
+TAIL_STEPS = 10
+HAEPO = "HAEPO"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class Kind:
     table: tuple[tuple[str, str, str], ...] = ()  # (column, metric, LAST | MAX | MEAN over a trial)
     subject: tuple[str, ...] = ()  # tags naming what was trained, as table columns
     caption: str = ""  # what the table and curves show, above the kind's table
+    intervals: tuple[tuple[str, str, str], ...] = ()  # (column, metric, how): mean and 95% CI over seeds
+    haepo_only: tuple[str, ...] = ()  # metrics of HAEPO's weights: read from HAEPO trials alone
 
 
 RL = Kind(
@@ -61,13 +67,15 @@ RL = Kind(
 # phase of any update: the device a run needs) and the seconds an update takes.
 GREEDY_REWARD = names.llm_eval(names.LLM_REWARD)
 GREEDY_ROUGE_L = names.llm_eval(names.LLM_ROUGE_L)
+GREEDY_SEMANTIC_SIMILARITY = names.llm_eval(names.LLM_SEMANTIC_SIMILARITY)
+SAMPLED_KL = names.llm_eval(names.LLM_KL, "sampled")
 LLM = Kind(
     name="llm",
     step=names.LLM_UPDATE,
     seconds=names.LLM_TRAIN_TIME,
     headline=GREEDY_REWARD,
     headline_label="held-out reward",
-    metrics=(names.LLM_TRAIN_TIME, names.LLM_UPDATE_TIME,
+    metrics=(names.LLM_TRAIN_TIME, names.LLM_UPDATE_TIME, names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
              *(names.llm_eval(m, mode) for mode in names.LLM_EVAL_MODES for m in names.LLM_EVAL_METRICS)),
     prefixes=(f"{names.LLM_PEAK_MEMORY}/",),
     curves={
@@ -75,19 +83,28 @@ LLM = Kind(
         "reward-vs-seconds": (GREEDY_REWARD, names.LLM_TRAIN_TIME, "held-out reward (greedy)"),
         "rouge-l-vs-updates": (GREEDY_ROUGE_L, names.LLM_UPDATE, "held-out ROUGE-L (greedy)"),
         "rouge-l-vs-seconds": (GREEDY_ROUGE_L, names.LLM_TRAIN_TIME, "held-out ROUGE-L (greedy)"),
+        "effective-trajectories-vs-updates": (names.LLM_EFFECTIVE_NUM_TRAJECTORIES, names.LLM_UPDATE,
+                                              "effective trajectories per group, 1 / sum w^2 (HAEPO, training)"),
     },
     table=(("reward", GREEDY_REWARD, LAST), ("reward sampled", names.llm_eval(names.LLM_REWARD, "sampled"), LAST),
            ("ROUGE-L", GREEDY_ROUGE_L, LAST),
-           ("semantic similarity", names.llm_eval(names.LLM_SEMANTIC_SIMILARITY), LAST),
+           ("semantic similarity", GREEDY_SEMANTIC_SIMILARITY, LAST),
            ("profanity rate", names.llm_eval(names.LLM_PROFANITY_RATE), LAST),
            ("completion length", names.llm_eval(names.LLM_COMPLETION_LENGTH), LAST),
-           ("KL sampled", names.llm_eval(names.LLM_KL, "sampled"), LAST),
+           ("KL sampled", SAMPLED_KL, LAST),
            ("peak memory MB", names.LLM_PEAK_MEMORY, MAX), ("s / update", names.LLM_UPDATE_TIME, MEAN)),
     subject=("model", "data"),
     caption=("Language models: every column but peak memory and s / update is the last held-out "
              "evaluation (MLflow eval/*; eval_prompts prompts no SFT or RL example shares a text with), "
              "of greedy completions, or sampled at the training temperature where marked; never the "
              "training samples."),
+    intervals=(("reward final", GREEDY_REWARD, LAST), ("reward AUC", GREEDY_REWARD, AUC),
+               ("ROUGE-L final", GREEDY_ROUGE_L, LAST), ("ROUGE-L AUC", GREEDY_ROUGE_L, AUC),
+               ("semantic similarity final", GREEDY_SEMANTIC_SIMILARITY, LAST),
+               ("semantic similarity AUC", GREEDY_SEMANTIC_SIMILARITY, AUC),
+               ("KL sampled final", SAMPLED_KL, LAST),
+               (f"n_eff last {TAIL_STEPS} updates", names.LLM_EFFECTIVE_NUM_TRAJECTORIES, TAIL)),
+    haepo_only=(names.LLM_EFFECTIVE_NUM_TRAJECTORIES,),
 )
 
 STEPS = (RL.step, LLM.step)  # x axes of whole steps: the curves' grid is the steps themselves

@@ -21,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 from haepo_ray import names
+from haepo_ray.report.generations import Scores, read_scores
 from haepo_ray.report.histories import History, read_histories
-from haepo_ray.report.kinds import ENTROPY, LLM, RL, Kind
+from haepo_ray.report.kinds import ENTROPY, HAEPO, LLM, RL, Kind
 from haepo_ray.tracking import TRIAL_ROLE, experiment_named, open_store, search_all_runs
 
 ITERATION = names.TRAINING_ITERATION
@@ -56,6 +57,8 @@ class Trial:
     status: str = FINISHED  # the MLflow run's: FINISHED, FAILED, KILLED, RUNNING, SCHEDULED
     error: str = ""  # the trial's error (tag haepo.error), when it failed
     provenance: dict[str, str] = field(default_factory=dict)  # tags of haepo_ray.provenance
+    # language-model trials with generations: their last evaluation's scores per prompt
+    scores: Scores = field(default_factory=dict, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -71,6 +74,12 @@ class Trial:
         """(experiment, algorithm, model, configuration label): trials that differ only in
         seed (the model is empty for RL trials)."""
         return self.experiment, self.algorithm, self.model or "", config_label(self.config)
+
+    def reads(self, metric: str) -> bool:
+        """Whether the trial's curves hold ``metric``: not one of HAEPO's weights
+        (:attr:`Kind.haepo_only`) in another algorithm's trial, which logs the weights HAEPO
+        would give its samples, a property of neither."""
+        return metric not in self.kind.haepo_only or self.algorithm == HAEPO
 
     @property
     def subject(self) -> dict[str, str]:
@@ -174,7 +183,8 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
     """Every trial of every sweep of ``experiments`` (default: all experiments with sweeps).
 
     Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
-    no sweep. The curves of all trials are read in batches (:func:`read_histories`).
+    no sweep. The curves of all trials are read in batches (:func:`read_histories`), the
+    scores of language-model trials from their generations (:func:`read_scores`).
     """
     client = open_store(tracking_uri)
     exps = ([experiment_named(client, name) for name in experiments] if experiments
@@ -188,9 +198,11 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
         for run in runs:
             if names.PARENT_RUN in run.data.tags:
                 trials.append(_trial(exp.name, run))
-                keys[run.info.run_id] = curve_keys(run.data.metrics, trials[-1].kind)
+                keys[run.info.run_id] = [k for k in curve_keys(run.data.metrics, trials[-1].kind) if trials[-1].reads(k)]
     histories = read_histories(client, keys)
+    scores = read_scores(client, [t.run_id for t in trials if t.kind is LLM])
     for trial in trials:
         trial.curves = curves(histories.get(trial.run_id, {}), keys[trial.run_id], trial.kind)
+        trial.scores = scores.get(trial.run_id, {})
     return trials
 
