@@ -16,6 +16,7 @@ import yaml
 from ray.tune.search.variant_generator import generate_variants
 
 from haepo_ray import names
+from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, check_own_fit
@@ -370,15 +371,20 @@ def _llm_gpu_spec(**llm) -> dict:
     }
 
 
+# GiB between the tiny trials' reserved memory at group sizes 2 and 32: beyond the CUDA context,
+# 0.07 and 0.13 GiB (cuBLAS's 64 MiB, the allocator's segments)
+BETWEEN = round(CUDA_CONTEXT_BYTES / 2**30 + 0.1, 3)
+
+
 def test_dry_run_refuses_llm_trials_that_cannot_fit_their_gpu():
-    # reserved (the CUDA context's 0.5 GiB, cuBLAS's 64 MiB, the allocator's segments): 0.57 and 0.63 GiB
-    plan = parse_plan(_llm_gpu_spec(gpu_memory_gb=0.6, fit="refuse"), "fit.yaml")  # (auto: planned to fit)
+    plan = parse_plan(_llm_gpu_spec(gpu_memory_gb=BETWEEN, fit="refuse"), "fit.yaml")  # (auto: planned to fit)
     with pytest.raises(SpecError) as err:
         dry_run(plan, out=io.StringIO())
     message = str(err.value)
     assert "trial 0" not in message  # group size 2 fits
     assert re.fullmatch(r"fit\.yaml: trial 1 \(GRPO, group_size 32\): estimated reserved [\d.]+ GiB \(allocated peak "
-                        r"[\d.]+ GiB in forward_backward\) \+ 0 GiB reserve > 0\.6 GiB \(llm\.gpu_memory_gb\); "
+                        rf"[\d.]+ GiB in forward_backward\) \+ 0 GiB reserve > {re.escape(f'{BETWEEN:g}')} GiB "
+                        r"\(llm\.gpu_memory_gb\); "
                         r"activations [\d.]+ GiB of it: try "
                         r"micro_batch_size, gradient_checkpointing", message), message
 
@@ -406,15 +412,16 @@ def test_dry_run_shows_each_trials_estimate_and_its_share_of_a_gpu():
 
 
 def test_a_trial_whose_memory_settings_optuna_suggests_checks_itself():
-    spec = _llm_gpu_spec(gpu_memory_gb=0.6)
+    spec = _llm_gpu_spec(gpu_memory_gb=BETWEEN)
     spec["search"] = {"algorithm": "optuna", "num_samples": 2}
     spec["search_space"] = {"group_size": {"choice": [2, 32]}}
     plan = parse_plan(spec, "fit.yaml").fitted(Cluster.unknown())
     entry = plan.param_space[CONFIG_KEY]
-    assert "estimated_peak_gib" not in entry and entry["limit_gib"] == 0.6
+    assert "estimated_peak_gib" not in entry and entry["limit_gib"] == BETWEEN
     config = {**plan.base_config, CONFIG_KEY: entry}
     check_own_fit({**config, "group_size": 2}, workers=0)
-    with pytest.raises(ValueError, match=r"this trial cannot fit its GPU: estimated reserved [\d.]+ GiB .* > 0\.6 GiB"):
+    with pytest.raises(ValueError, match=rf"this trial cannot fit its GPU: estimated reserved [\d.]+ GiB .* > "
+                                         rf"{re.escape(f'{BETWEEN:g}')} GiB"):
         check_own_fit({**config, "group_size": 32}, workers=0)
 
 
@@ -439,4 +446,5 @@ ray.shutdown()
     plan = parse_plan(_llm_gpu_spec(gpus_per_worker="auto"), "fit.yaml").fitted(cluster)
     limit, source, share = plan.fit.limit_gib, plan.fit.limit_source, plan.trial_resources({"group_size": 32})["GPU"]
     assert (limit, source) == (40.0, "Ray's GPUs, A100-40G")
-    assert share == 0.02  # a tiny model's trial: 0.63 GiB reserved (most of it the CUDA context) of a 40 GiB GPU
+    # a tiny model's trial: 0.89 GiB reserved (most of it the CUDA context) of a 40 GiB GPU
+    assert share == math.ceil(100 * plan.estimate_of({"group_size": 32}).reserved_gib / 40) / 100 == 0.03
