@@ -1,0 +1,197 @@
+"""``haepo report``'s language-model results with their uncertainty, end to end on a real SQLite
+MLflow store: runs written as a language-model sweep writes them (tag ``haepo.model``, one step
+per RL update, ``eval/*`` at the evaluated updates, ``generations.jsonl`` at the run's root),
+with values chosen so that every mean, interval, AUC and win rate is a sum by hand.
+
+Methods (experiment ``llm-results``, model ``tiny`` on ``aclsum``, 12 updates, evaluations at 4,
+8 and 12): HAEPO and GRPO with seeds 0, 1, 2; HAEPO with ``length_normalize=True`` with seed 0
+alone (one seed: no interval). The training samples' metrics, under the bare names, are
+TRAINING_SHIFT higher: the report must never show them.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from haepo_ray import names
+from haepo_ray.cli import main
+from haepo_ray.report import build_report
+from haepo_ray.report.kinds import TAIL_STEPS
+from haepo_ray.report.llm_results import METHODS_TITLE
+
+EXPERIMENT = "llm-results"
+UPDATES, EVALUATIONS = 12, (4, 8, 12)
+T_975_2 = 4.302653  # t_{0.975, 2}: three seeds
+SEED_STEP = 0.1  # a seed s adds s * SEED_STEP to every held-out metric: over seeds 0, 1, 2, mean +0.1, s.d. 0.1
+SHAPE = {4: 0.0, 8: 0.3, 12: 0.1}  # added at each evaluation: final +0.1, AUC (0 / 2 + 0.3 + 0.1 / 2) / 2 = +0.175
+TRAINING_SHIFT = 100.0
+# method -> (algorithm, search values but the seed, seeds, base of each held-out metric)
+METHODS = {
+    "HAEPO": ("HAEPO", {}, (0, 1, 2),
+              {names.LLM_REWARD: 0.4, names.LLM_ROUGE_L: 0.2, names.LLM_SEMANTIC_SIMILARITY: 0.5, names.LLM_KL: 0.03}),
+    "HAEPO (length_normalize=True)": ("HAEPO", {"length_normalize": True}, (0,),
+                                      {names.LLM_REWARD: 0.5, names.LLM_ROUGE_L: 0.3, names.LLM_SEMANTIC_SIMILARITY: 0.6,
+                                       names.LLM_KL: 0.02}),
+    "GRPO": ("GRPO", {}, (0, 1, 2),
+             {names.LLM_REWARD: 0.3, names.LLM_ROUGE_L: 0.1, names.LLM_SEMANTIC_SIMILARITY: 0.4, names.LLM_KL: 0.05}),
+}
+# The reward of each method's greedy completion of prompts p0..p3 at its last evaluation, per
+# seed; its semantic similarity is 1 - reward (so that judge reverses every win); the
+# evaluation before scores 1 - these (the report must take the last one).
+PROMPTS = ("p0", "p1", "p2", "p3")
+FINAL_REWARD = {
+    ("HAEPO", 0): (0.5, 0.5, 0.5, 0.5), ("HAEPO", 1): (0.5, 0.5, 0.5, 0.5), ("HAEPO", 2): (0.5, 0.5, 0.5, 0.5),
+    ("GRPO", 0): (0.4, 0.5, 0.6, 0.4), ("GRPO", 1): (0.4, 0.4, 0.4, 0.4), ("GRPO", 2): (0.6, 0.6, 0.6, 0.6),
+    ("HAEPO (length_normalize=True)", 0): (0.6, 0.6, 0.4, 0.5),
+}
+
+
+def _neff(seed: int, update: int) -> float:
+    """HAEPO's n_eff at a training update: 4 before the last TAIL_STEPS updates, then 2 + seed."""
+    return 4.0 if update <= UPDATES - TAIL_STEPS else 2.0 + seed
+
+
+def _metrics(base: dict[str, float], seed: int) -> list:
+    from mlflow.entities import Metric
+
+    rows = []
+    for u in range(1, UPDATES + 1):
+        row = {names.LLM_UPDATE: u, names.LLM_EFFECTIVE_NUM_TRAJECTORIES: _neff(seed, u),
+               **{k: v + TRAINING_SHIFT for k, v in base.items()}}
+        if u in EVALUATIONS:
+            held_out = {k: v + SEED_STEP * seed + SHAPE[u] for k, v in base.items()}
+            row |= {names.llm_eval(k): v for k, v in held_out.items() if k != names.LLM_KL}
+            row[names.llm_eval(names.LLM_KL, "sampled")] = held_out[names.LLM_KL]
+        rows += [Metric(k, float(v), 0, u) for k, v in row.items()]
+    return rows
+
+
+def _generations(method: str, seed: int, algorithm: str) -> str:
+    final = dict(zip(PROMPTS, FINAL_REWARD[(method, seed)]))
+    lines = []
+    for update, rewards in ((8, {p: 1 - r for p, r in final.items()}), (12, final)):
+        lines += [json.dumps({"update": update, "prompt_id": p, "source": f"post {p}", "reference": "gold",
+                              "completion": "summary", "reward": r, "semantic_similarity": 1 - r,
+                              "algorithm": algorithm, "model": "tiny", "seed": seed}) for p, r in rewards.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("report-llm-results")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment(EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
+    subject = {names.MODEL: "tiny", names.DATA: "aclsum"}
+    parent = client.create_run(exp, tags={names.ROLE: "sweep", **subject}).info.run_id
+    for method, (algorithm, values, seeds, base) in METHODS.items():
+        for seed in seeds:
+            run_id = client.create_run(exp, tags={
+                names.PARENT_RUN: parent, names.ROLE: "trial", names.ALGORITHM: algorithm, names.SEED: str(seed),
+                names.SEARCH_VALUES: json.dumps({"algorithm": algorithm, "seed": seed, **values}), **subject}).info.run_id
+            client.log_batch(run_id, metrics=_metrics(base, seed))
+            folder = root / "files" / run_id
+            folder.mkdir(parents=True)
+            (folder / "generations.jsonl").write_text(_generations(method, seed, algorithm))
+            client.log_artifact(run_id, str(folder / "generations.jsonl"))
+            client.set_terminated(run_id)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def report(store, tmp_path_factory):
+    return build_report(store, [EXPERIMENT], tmp_path_factory.mktemp("llm-results-report"))
+
+
+def _three_seeds(mean: float, sd: float) -> tuple[float, float, float]:
+    half = T_975_2 * sd / math.sqrt(3)
+    return mean, mean - half, mean + half
+
+
+def _expected(method: str) -> dict[str, tuple[float, float, float] | float]:
+    """Column -> (mean, CI low, CI high) over seeds 0, 1, 2, or the value of one seed."""
+    _, _, seeds, base = METHODS[method]
+    seed_mean = SEED_STEP * sum(seeds) / len(seeds)
+    columns = {"reward": names.LLM_REWARD, "ROUGE-L": names.LLM_ROUGE_L,
+               "semantic similarity": names.LLM_SEMANTIC_SIMILARITY}
+    out = {}
+    for column, key in columns.items():
+        out[f"{column} final"] = base[key] + seed_mean + SHAPE[12]
+        out[f"{column} AUC"] = base[key] + seed_mean + 0.175
+    out["KL sampled final"] = base[names.LLM_KL] + seed_mean + SHAPE[12]
+    out[f"n_eff last {TAIL_STEPS} updates"] = 2.0 + sum(seeds) / len(seeds)
+    if len(seeds) == 1:
+        return out
+    return {c: _three_seeds(v, 1.0 if c.startswith("n_eff") else SEED_STEP) for c, v in out.items()}
+
+
+def test_each_method_has_mean_and_ci_over_seeds_of_the_held_out_results(report):
+    rows = {r["method"]: r for r in report.methods.to_dict("records")}
+    assert set(rows) == set(METHODS)
+    for method in METHODS:
+        row = rows[method]
+        assert (row["model"], row["data"], row["seeds"]) == ("tiny", "aclsum", len(METHODS[method][2]))
+        for column, value in _expected(method).items():
+            cell = row[column]
+            if column.startswith("n_eff") and method == "GRPO":  # HAEPO's weights: not a GRPO result
+                assert cell.n == 0, cell
+            elif isinstance(value, tuple):
+                assert (cell.mean, cell.low, cell.high) == pytest.approx(value, abs=1e-6), (method, column)
+                assert cell.n == 3
+            else:
+                assert cell.mean == pytest.approx(value) and cell.n == 1 and math.isnan(cell.low), (method, column)
+
+
+def test_the_csv_holds_the_numbers_and_the_pages_the_intervals(report):
+    csv = pd.read_csv(report.out / "llm_results.csv").set_index("method")
+    mean, low, high = _three_seeds(0.4 + 0.1 + 0.175, SEED_STEP)
+    assert csv.loc["HAEPO", ["reward AUC mean", "reward AUC CI low", "reward AUC CI high", "reward AUC n"]].tolist() \
+        == pytest.approx([mean, low, high, 3], abs=1e-6)
+    assert math.isnan(csv.loc["GRPO", f"n_eff last {TAIL_STEPS} updates mean"])
+    # 0.6 = 0.5 + seed 0 + SHAPE[12]; 0.675 = 0.4 + 0.1 + 0.175 +- 4.303 * 0.1 / sqrt(3)
+    markdown, page = (report.out / "results.md").read_text(), report.index.read_text()
+    for text, title in ((markdown, METHODS_TITLE), (page, html.escape(METHODS_TITLE))):
+        assert title in text
+        assert "0.6 (n=1, no interval)" in text and "0.675 [0.4266, 0.9234]" in text
+
+
+def test_win_rates_per_prompt_and_seed_by_each_judge(report):
+    """HAEPO against GRPO by the reward, per seed: (1 + 0.5 + 0 + 1) / 4, 1, 0 (ties half), so
+    13/24 and s.d. 0.50518 over seeds; by semantic similarity (1 - reward) every win reversed."""
+    rates = pd.read_csv(report.out / "win_rates.csv")
+    got = {(r["judge"], r["method"], r["opponent"]): (r["win rate mean"], r["win rate CI low"], r["win rate CI high"],
+                                                      r["win rate n"]) for r in rates.to_dict("records")}
+    sd = 0.5051815
+    assert got[("reward", "HAEPO", "GRPO")] == pytest.approx((*_three_seeds(13 / 24, sd), 3), abs=1e-6)
+    assert got[("reward", "GRPO", "HAEPO")] == pytest.approx((*_three_seeds(11 / 24, sd), 3), abs=1e-6)
+    assert got[("semantic similarity", "HAEPO", "GRPO")] == pytest.approx((*_three_seeds(11 / 24, sd), 3), abs=1e-6)
+    # One common seed (0): 1, 1, 0, 0.5 against HAEPO; 1, 1, 0, 1 against GRPO; no interval.
+    ln = "HAEPO (length_normalize=True)"
+    assert got[("reward", ln, "HAEPO")][::3] == pytest.approx((0.625, 1))
+    assert got[("reward", ln, "GRPO")][::3] == pytest.approx((0.75, 1))
+    assert math.isnan(got[("reward", ln, "GRPO")][1])
+    assert len(got) == 2 * 6  # two judges, every ordered pair of the three methods, none against itself
+
+    matrices = {title: t for title, t in report.extras if title.startswith("Win rate")}
+    (by_reward,) = (t for title, t in matrices.items() if "judged by the reward" in title)
+    cell = by_reward.set_index("method").loc["HAEPO", "GRPO"]
+    assert cell == "0.5417 [-0.7133, 1.797]"
+    assert by_reward.set_index("method").loc[ln, "GRPO"] == "0.75 (n=1, no interval)"
+    assert by_reward.set_index("method").loc["HAEPO", "HAEPO"] == ""
+    assert len(matrices) == 2 and all("tiny on aclsum" in title for title in matrices)
+
+
+def test_haepo_report_prints_the_methods_and_win_rates(store, tmp_path, capsys):
+    assert main(["report", "--experiment", EXPERIMENT, "--tracking-uri", store, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert METHODS_TITLE in printed and "judged by the semantic similarity" in printed
+    assert "0.5417 [-0.7133, 1.797]" in printed
+    assert (tmp_path / "win_rates.csv").is_file() and (tmp_path / "llm_results.csv").is_file()
+
