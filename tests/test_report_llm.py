@@ -193,7 +193,9 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
 def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
     """RL and language-model groups share results.csv; results.md and the page show a table
     per kind, each with its own columns, and the figures of both."""
+    (tmp_path / "win_rates.csv").write_text("a previous report's\n")
     report = build_report(store, [EXPERIMENT, "rl-next-door"], tmp_path)
+    assert (tmp_path / "llm_results.csv").is_file() and not (tmp_path / "win_rates.csv").exists()  # no generations
     table = report.table
     assert len(table) == 5
     rl = table[table["experiment"] == "rl-next-door"].iloc[0]

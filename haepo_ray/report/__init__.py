@@ -75,6 +75,11 @@ class Report:
         return [e for e in extras if len(e[1])] + [("Provenance (code, machine, libraries)", self.provenance)]
 
     @property
+    def llm_files(self) -> dict[str, pd.DataFrame]:
+        """The language-model CSVs and their tables (a file is written where its table is not empty)."""
+        return {"llm_results.csv": self.methods, "win_rates.csv": self.win_rates}
+
+    @property
     def index(self) -> Path:
         return self.out / "index.html"
 
@@ -103,12 +108,13 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     if len(unfinished):
         unfinished.to_csv(out / "unfinished.csv", index=False)
     provenance.to_csv(out / "provenance.csv", index=False)
-    methods, rates = methods_table(groups), win_rates(groups)
-    for name, part in (("llm_results.csv", methods), ("win_rates.csv", rates)):
+    figures = write_figures(groups, out)
+    report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished,
+                    methods_table(groups), win_rates(groups))
+    for name, part in report.llm_files.items():
+        (out / name).unlink(missing_ok=True)  # never a previous report's
         if len(part):
             numbers(part).to_csv(out / name, index=False)
-    figures = write_figures(groups, out)
-    report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished, methods, rates)
     extras = "".join(f"\n\n{title}:\n\n{_markdown(t)}" for title, t in report.extras)
     (out / "results.md").write_text(_warning_lines(report) + to_markdown(table) + extras + "\n")
     report.index.write_text(render_html(report, tracking_uri))
@@ -190,7 +196,8 @@ figcaption {{ font-size: 0.8em; }}
 <body>
 <h1>haepo-ray report</h1>
 <p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
-<code>{html.escape(tracking_uri)}</code>. Mean and std over seeds; updates are training
+<code>{html.escape(tracking_uri)}</code>. Mean and std over seeds (the language-model methods and
+win rates: mean and 95% confidence interval); updates are training
 iterations (RL updates for language models); per environment (or model and data set), the
 curves show every configuration of a sweep of up to four, and the best one, by final return
 (held-out reward), of a larger grid (its heatmaps show the rest). Language models: the held-out

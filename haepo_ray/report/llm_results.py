@@ -126,6 +126,7 @@ def win_rate_matrices(rates: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         matrix = texts(part).pivot(index="method", columns="opponent", values="win rate").fillna("")
         title = (f"Win rate on held-out prompts, {' on '.join(what)}, judged by the {judge} against the gold "
                  "summary: the row method's greedy completion against the column method's on the same prompt "
-                 f"and training seed, at their last evaluations (ties half); mean [{CI}] over seeds")
+                 f"and training seed, at their last evaluations (ties half); mean [{CI}] over seeds, the "
+                 "Student-t interval not cut to [0, 1]")
         out.append((title, matrix.reset_index().rename_axis(columns=None)))
     return out
