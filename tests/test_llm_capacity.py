@@ -3,6 +3,7 @@ profiler, its replay of repeated passes, the bundled model configs and ``haepo l
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import json
@@ -233,6 +234,16 @@ def test_savers_show_in_the_simulation(tiny_config):
     assert plain.phases["reference"].categories["parameters"] >= 2 * weights
     assert weights <= lora.phases["reference"].categories["parameters"] < 1.1 * weights
     assert lora.trainable < plain.trainable / 10
+
+
+def test_a_model_with_several_eos_ids_simulates(tiny_config):
+    """transformers' generate branches on its special-token tensors' values (Llama 3.2 has three
+    EOS ids); the simulator makes them with values, and they weigh nothing."""
+    several = copy.deepcopy(tiny_config)
+    several.eos_token_id = [1, 2, 3]
+    settings = _settings("HAEPO")
+    one, three = (simulate(settings, c, SHAPES, target="cpu") for c in (tiny_config, several))
+    assert abs(three.phases["generation"].peak_bytes - one.phases["generation"].peak_bytes) < 1024
 
 
 def test_the_kv_cache_is_passed_by_the_name_the_installed_forward_takes(tiny_config):

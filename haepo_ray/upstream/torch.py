@@ -7,7 +7,8 @@ counts what each op allocates; the loss only asks whether a tensor is one of tho
   no storage), the simulator's tensors. The mode's converter memoises each new fake tensor
   behind a weak reference, which ``Module._apply`` (``.to()``, as peft calls it on every new
   adapter) cannot swap: :func:`fake_mode` gives a converter that keeps no memo (the memo is
-  never read for these).
+  never read for these). ``unset_fake_temporarily`` (:func:`real_tensors`) lets a few
+  constants be made with values where a library branches on them.
 - ``torch.utils._python_dispatch.TorchDispatchMode`` and ``torch.utils._pytree.tree_flatten``:
   a mode that sees every op and its outputs, the simulator's counter.
 - ``torch._C._current_graph_task_id``: -1 outside autograd's backward; the counter books a
@@ -24,14 +25,14 @@ counts what each op allocates; the loss only asks whether a tensor is one of tho
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from haepo_ray.upstream.declared import Internal
 
 __all__ = ["INTERNALS", "TorchDispatchMode", "default_validate_args", "efficient_attention", "fake_mode",
-           "flash_attention", "flop_key", "in_backward", "is_fake", "tree_flatten"]
+           "flash_attention", "flop_key", "in_backward", "is_fake", "real_tensors", "tree_flatten"]
 
 
 def is_fake(x: object) -> bool:
@@ -45,6 +46,12 @@ def fake_mode() -> FakeTensorMode:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode.fake_tensor_converter.set_tensor_memo = lambda tensor, fake: None
     return mode
+
+
+def real_tensors():
+    """A context in which tensors have values again, inside :func:`fake_mode` (whose
+    ``allow_non_fake_inputs`` then takes them as inputs)."""
+    return unset_fake_temporarily()
 
 
 def in_backward() -> bool:
@@ -80,6 +87,8 @@ INTERNALS = (
     Internal("torch._subclasses.fake_tensor", "FakeTensor", "a tensor without values"),
     Internal("torch._subclasses.fake_tensor:FakeTensorConverter", "set_tensor_memo",
              "replaced on one mode's converter: no memo", ("self", "t", "v")),
+    Internal("torch._subclasses.fake_tensor", "unset_fake_temporarily", "constants with values inside fake mode",
+             ()),
     Internal("torch.utils._python_dispatch", "TorchDispatchMode", "the simulator's counter"),
     Internal("torch.utils._pytree", "tree_flatten", "an op's output tensors"),
     Internal("torch", "_C", "PyTorch's C extension"),

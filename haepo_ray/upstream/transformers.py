@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from haepo_ray.upstream.declared import Internal
+from haepo_ray.upstream.torch import real_tensors
 
 __all__ = ["INTERNALS", "logits_processors"]
 
@@ -21,7 +22,8 @@ def logits_processors(model: Any, sampling: dict[str, Any], prompt_ids: Any) -> 
     from transformers import LogitsProcessorList
 
     config, model_kwargs = model._prepare_generation_config(None, **sampling)
-    model._prepare_special_tokens(config, True, device=prompt_ids.device, batch_size=len(prompt_ids))
+    with real_tensors():  # it branches on its token tensors' values (several EOS ids: Llama 3.2)
+        model._prepare_special_tokens(config, True, device=prompt_ids.device, batch_size=len(prompt_ids))
     # min_new_tokens becomes a min_length (and max_new_tokens a max_length) as in generate
     config = model._prepare_generated_length(
         generation_config=config, has_default_max_length=model.generation_config.max_length is None,
