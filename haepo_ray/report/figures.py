@@ -10,7 +10,8 @@ and heatmaps of the final return over lr x batch size and beta_ent x beta_kl, on
 
 Language-model trials are drawn the same way, per model and data set, with their own metrics
 (:data:`~haepo_ray.report.kinds.LLM`: the held-out evaluation's reward and ROUGE-L against
-updates and training seconds, heatmaps of the final held-out reward), plus a bar chart of peak
+updates and training seconds, HAEPO's effective number of trajectories per group against
+updates, heatmaps of the final held-out reward), plus a bar chart of peak
 memory per phase of an update per configuration: the paper's memory comparison of HAEPO, GRPO
 and DPO.
 """

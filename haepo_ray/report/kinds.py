@@ -64,7 +64,8 @@ RL = Kind(
 # evaluation (eval/*, haepo_ray.llm.train), never from the training samples: summary quality and
 # style of the greedy completions at the end of training, the reward and KL (an unbiased
 # estimate only there) of those sampled at the training temperature; peak memory (the highest
-# phase of any update: the device a run needs) and the seconds an update takes.
+# phase of any update: the device a run needs) and the seconds an update takes; HAEPO's effective
+# number of trajectories, of its training updates (what its weights did, not a result).
 GREEDY_REWARD = names.llm_eval(names.LLM_REWARD)
 GREEDY_ROUGE_L = names.llm_eval(names.LLM_ROUGE_L)
 GREEDY_SEMANTIC_SIMILARITY = names.llm_eval(names.LLM_SEMANTIC_SIMILARITY)
@@ -84,7 +85,7 @@ LLM = Kind(
         "rouge-l-vs-updates": (GREEDY_ROUGE_L, names.LLM_UPDATE, "held-out ROUGE-L (greedy)"),
         "rouge-l-vs-seconds": (GREEDY_ROUGE_L, names.LLM_TRAIN_TIME, "held-out ROUGE-L (greedy)"),
         "effective-trajectories-vs-updates": (names.LLM_EFFECTIVE_NUM_TRAJECTORIES, names.LLM_UPDATE,
-                                              "effective trajectories per group, 1 / sum w^2 (HAEPO, training)"),
+                                              "HAEPO n_eff per group, 1 / sum w^2"),
     },
     table=(("reward", GREEDY_REWARD, LAST), ("reward sampled", names.llm_eval(names.LLM_REWARD, "sampled"), LAST),
            ("ROUGE-L", GREEDY_ROUGE_L, LAST),
