@@ -13,7 +13,8 @@ Rows, each in bfloat16 and float32 (the paper's TL;DR GRPO: 38 GB on an A100 40G
 - (c) TRL's GRPO at the installed GRPOConfig's defaults (8 completions of a prompt, micro-batch
   8, no accumulation, ``max_completion_length`` 512, checkpointing on, ``bf16`` autocast, loss
   ``dapo``, one iteration), prompts of 512, ``beta`` 0 and 0.04 (TRL then holds a reference
-  copy), and beta 0.04 with completions of 256 (earlier releases' defaults); the float32 rows
+  copy), and beta 0.04 with completions of 256, with and without checkpointing (earlier
+  releases' defaults: these had no fused LM head, which is not simulated); the float32 rows
   are TRL's default load dtype (float32 weights, bfloat16 autocast: mixed precision), the
   bfloat16 rows a model loaded in bfloat16.
 
@@ -57,7 +58,8 @@ SWITCH_ROWS: list[tuple[str, dict]] = [
 PAPER = {"batch_prompts": 4, "group_size": 4, "max_new_tokens": 48, "micro_batch_size": 4}
 TRL_PAPER = {"per_device_train_batch_size": 4, "num_generations": 4, "gradient_accumulation_steps": 4,
              "max_completion_length": 48, "gradient_checkpointing": False}
-# Earlier TRL releases' default max_completion_length (and beta 0.04, num_generations 8).
+# Earlier TRL releases' default max_completion_length (with beta 0.04, num_generations 8 and
+# no gradient checkpointing).
 EARLIER_COMPLETION = 256
 EXTRA = CUBLAS_HANDLES * CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES  # beside the allocator's reserve
 
@@ -111,8 +113,11 @@ def rows() -> list[dict]:
         for beta in (0.0, 0.04):
             out.append(_trl(f"(c) TRL GRPO, TRL defaults, beta {beta}", dtype, beta,
                             Shapes(PROMPT_TOKENS, defaults.max_completion_length)))
-        out.append(_trl(f"(c) TRL GRPO, TRL defaults, beta 0.04, completions of {EARLIER_COMPLETION}", dtype, 0.04,
-                        Shapes(PROMPT_TOKENS, EARLIER_COMPLETION), max_completion_length=EARLIER_COMPLETION))
+        for checkpointing in (True, False):
+            out.append(_trl(f"(c) TRL GRPO, TRL defaults, beta 0.04, completions of {EARLIER_COMPLETION}"
+                            + ("" if checkpointing else ", no checkpointing"), dtype, 0.04,
+                            Shapes(PROMPT_TOKENS, EARLIER_COMPLETION), max_completion_length=EARLIER_COMPLETION,
+                            gradient_checkpointing=checkpointing))
     return out
 
 
