@@ -21,6 +21,7 @@ import pytest
 from haepo_ray import names
 from haepo_ray.cli import main
 from haepo_ray.report import build_report
+from haepo_ray.report.generations import final_scores
 from haepo_ray.report.kinds import TAIL_STEPS
 from haepo_ray.report.llm_results import METHODS_TITLE
 
@@ -195,3 +196,15 @@ def test_haepo_report_prints_the_methods_and_win_rates(store, tmp_path, capsys):
     assert "0.5417 [-0.7133, 1.797]" in printed
     assert (tmp_path / "win_rates.csv").is_file() and (tmp_path / "llm_results.csv").is_file()
 
+
+
+def test_final_scores_keep_the_last_evaluation_and_name_a_bad_line():
+    """Per prompt, the scores of the file's last update; a score a record lacks is NaN."""
+    lines = [json.dumps({"update": 4, "prompt_id": "a", "reward": 0.1, "semantic_similarity": 0.2}), "",
+             json.dumps({"update": 8, "prompt_id": "a", "reward": 0.3}),
+             json.dumps({"update": 8, "prompt_id": "b", "reward": 0.5, "semantic_similarity": 0.6})]
+    got = final_scores(lines, "generations")
+    assert set(got) == {"a", "b"} and got["b"] == {"reward": 0.5, "semantic_similarity": 0.6}
+    assert got["a"]["reward"] == 0.3 and math.isnan(got["a"]["semantic_similarity"])
+    with pytest.raises(ValueError, match="generations line 2: expected an object with 'update'"):
+        final_scores([lines[0], json.dumps({"prompt_id": "a"})], "generations")
