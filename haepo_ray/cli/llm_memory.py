@@ -24,7 +24,18 @@ _RESERVED_LABELS = (("allocator", "allocator_reserved"), ("cuBLAS", "cublas_work
                     ("NCCL", "nccl_buffer_bytes"))
 # The settings that change a step's memory or a run's time (the rest change neither).
 _FIELDS = ("model", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
-           "gradient_checkpointing", "lora_r", "lora_target_modules", "sft_examples", "rl_updates")
+           "gradient_checkpointing", "lora_r", "lora_target_modules", "sft_examples", "rl_updates", "reference",
+           "logits", "logits_chunk", "generation", "precision", "adamw", "num_iterations")
+
+
+def _switches(args: argparse.Namespace) -> str:
+    """The implementation switches set away from their defaults, as "name value" (none: "")."""
+    from haepo_ray.llm.settings import SWITCHES
+
+    changed = [f"{name} {getattr(args, name)}" for name, values in SWITCHES.items() if getattr(args, name) != values[0]]
+    changed += [f"num_iterations {args.num_iterations}"] if args.num_iterations != 1 else []
+    changed += [f"logits_chunk {args.logits_chunk}"] if args.logits == "chunked" else []
+    return f"; {', '.join(changed)}" if changed else ""
 
 
 def _rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
@@ -54,7 +65,8 @@ def cmd_llm_memory(args: argparse.Namespace) -> int:
         raise UsageError("--prompt-tokens and --workers must be >= 1")
     results = []
     for algo in dict.fromkeys(args.algo):
-        settings = settings_from_args(args, _FIELDS, algo=algo)
+        no_kl = {"beta_kl": 0.0} if args.reference == "none" else {}  # which reference none needs; no memory
+        settings = settings_from_args(args, _FIELDS, algo=algo, **no_kl)
         start = time.perf_counter()
         try:
             est = estimate(settings, prompt_tokens=args.prompt_tokens, workers=args.workers, target=args.target)
@@ -77,7 +89,7 @@ def cmd_llm_memory(args: argparse.Namespace) -> int:
     print(f"{s.model}, {s.dtype}, {s.batch_prompts} prompts x {s.group_size} completions per update "
           f"({s.workers} worker(s)), {s.prompt_tokens} prompt + {s.max_new_tokens} completion tokens, micro-batch "
           f"{s.micro_batch_size or 'whole update'}, gradient checkpointing {'on' if s.gradient_checkpointing else 'off'}"
-          f", LoRA {f'r={s.lora_r}' if s.lora_r else 'off'}; target {args.target}")
+          f", LoRA {f'r={s.lora_r}' if s.lora_r else 'off'}{_switches(s)}; target {args.target}")
     print(f"time on {accelerator.name}: {accelerator.bf16_flops / 1e12:.0f} TFLOP/s bf16 at {args.efficiency:.0%} "
           f"efficiency, generation at least the weights read per token at {accelerator.bandwidth / 1e9:.0f} GB/s")
     print(format_table(*_rows(results)))

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from haepo_ray.cli.errors import UsageError
-from haepo_ray.llm.settings import ALGORITHMS, HELP, LLMTrainSettings
+from haepo_ray.llm.settings import ALGORITHMS, HELP, SWITCHES, LLMTrainSettings
 
 __all__ = ["add_settings_options", "settings_from_args"]
 
-_CHOICES = {"algo": ALGORITHMS}
+_CHOICES = {"algo": ALGORITHMS, **SWITCHES}
 
 
 def add_settings_options(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:

@@ -10,7 +10,8 @@ Each prompt's completions form one group; the update's loss is the mean of the g
 - GRPO: :func:`haepo_ray.baselines.losses.grpo_loss` with tokens as steps and the group as
   the batch: token-level clipped ratio, k3 KL to the reference, the policy's token entropy,
   the advantage (R_k - mean R) / (std R + 1e-4) with the group's sample std, as TRL's.
-  One optimisation step per batch, so the behaviour policy is the current one (ratio 1).
+  By default one optimisation step per batch, so the behaviour policy is the current one
+  (ratio 1); with ``num_iterations`` > 1 the ratio is to the old policy's log-probs.
 - DPO: :func:`haepo_ray.baselines.losses.dpo_loss` on [gold, sample_1..sample_M] with returns
   [1, 0, .., 0]: exactly the M pairs "gold preferred to sample j"; the reference is the SFT
   checkpoint.
@@ -64,15 +65,17 @@ class Objective:
     with_gold: bool = False  # each group starts with its prompt's gold summary, preferred to the samples
 
     def group_losses(self, s: ObjectiveSettings, token_logp: Tensor, token_entropy: Tensor | None,
-                     ref_token_logp: Tensor, mask: Tensor, returns: Tensor, groups: list[slice]) -> list[Tensor]:
-        """The loss of each group (rows ``groups[i]``) from per-row token quantities [N, T]."""
+                     ref_token_logp: Tensor, old_token_logp: Tensor, mask: Tensor, returns: Tensor,
+                     groups: list[slice]) -> list[Tensor]:
+        """The loss of each group (rows ``groups[i]``) from per-row token quantities [N, T]
+        (``old_token_logp``: the behaviour policy's, GRPO's ratio's)."""
         raise NotImplementedError
 
 
 class HAEPOObjective(Objective):
     """:func:`haepo_ray.loss.haepo_loss` on each group's L_k (length-normalised, tempered)."""
 
-    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, mask, returns, groups):
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, old_token_logp, mask, returns, groups):
         traj = _haepo_traj_logp(token_logp, mask, s)
         ref = _haepo_traj_logp(ref_token_logp, mask, s)
         return [haepo_loss(traj[g], ref[g], returns[g], beta_ent=s.beta_ent, beta_kl=s.beta_kl,
@@ -81,12 +84,12 @@ class HAEPOObjective(Objective):
 
 class GRPOObjective(Objective):
     """:func:`haepo_ray.baselines.losses.grpo_token_loss` with tokens as steps, the group as the
-    batch and the current policy as the behaviour policy."""
+    batch and the old policy (by default the current one) as the behaviour policy."""
 
     with_entropy = True
 
-    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, mask, returns, groups):
-        return [grpo_token_loss(token_logp[g], token_logp[g].detach(), ref_token_logp[g], token_entropy[g], mask[g],
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, old_token_logp, mask, returns, groups):
+        return [grpo_token_loss(token_logp[g], old_token_logp[g], ref_token_logp[g], token_entropy[g], mask[g],
                                 returns[g], clip_param=s.clip_param, beta_kl=s.beta_kl, beta_ent=s.beta_ent,
                                 normalization=s.normalization).loss for g in groups]
 
@@ -96,7 +99,7 @@ class DPOObjective(Objective):
 
     with_gold = True
 
-    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, mask, returns, groups):
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, old_token_logp, mask, returns, groups):
         traj, ref = sequence_logp(token_logp, mask), sequence_logp(ref_token_logp, mask)
         return [dpo_loss(traj[g], ref[g], returns[g], beta=s.dpo_beta).loss for g in groups]
 
@@ -129,20 +132,26 @@ def _groups(batch: Batch, group_rows: int) -> list[slice]:
 
 
 def group_loss(
-    settings: ObjectiveSettings, batch: Batch, returns: Tensor, ref_token_logp: Tensor, *, group_rows: int
+    settings: ObjectiveSettings, batch: Batch, returns: Tensor, ref_token_logp: Tensor | None, *, group_rows: int,
+    old_token_logp: Tensor | None = None,
 ) -> TokenLoss:
     """The update's loss as a function of the policy's token log-probs (and entropies).
 
     ``returns`` are the rewards R_k, ``ref_token_logp`` the reference policy's token
-    log-probs, both per row of ``batch``, whose rows come in groups of ``group_rows`` per
-    prompt; the loss is the mean over prompts of each group's loss (:data:`OBJECTIVES`).
+    log-probs (None: the policy's own, detached: no reference), ``old_token_logp`` the
+    behaviour policy's (None: the policy's own, detached), all per row of ``batch``, whose
+    rows come in groups of ``group_rows`` per prompt; the loss is the mean over prompts of
+    each group's loss (:data:`OBJECTIVES`).
     """
     objective, mask, groups = OBJECTIVES[settings.algo], batch.completion_mask, _groups(batch, group_rows)
 
     def loss(token_logp: Tensor, token_entropy: Tensor | None) -> Tensor:
         if objective.with_entropy and token_entropy is None:
             raise ValueError(f"{settings.algo} needs the token entropies")
-        return torch.stack(objective.group_losses(settings, token_logp, token_entropy, ref_token_logp, mask,
+        own = token_logp.detach()
+        ref = own if ref_token_logp is None else ref_token_logp
+        old = own if old_token_logp is None else old_token_logp
+        return torch.stack(objective.group_losses(settings, token_logp, token_entropy, ref, old, mask,
                                                   returns, groups)).mean()
 
     return loss

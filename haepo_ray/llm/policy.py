@@ -16,12 +16,31 @@ Memory savers, each a setting of :class:`~haepo_ray.llm.settings.LLMTrainSetting
   micro-batched backward re-runs the same forward), so only the decoder layers' own flag is
   set to training, never their sub-modules', and only during the passes with gradient.
 - ``micro_batch_size`` (:func:`~haepo_ray.llm.objectives.backward`) and ``dtype``.
+
+Implementation switches (:data:`~haepo_ray.llm.settings.SWITCHES`), to walk from this step to
+other tools' (TRL's ``GRPOTrainer``); those marked = give the same loss and gradients:
+
+- ``reference``: ``auto`` as above; ``copy`` a frozen copy even with LoRA (=); ``none`` no
+  reference pass, the loss taking the policy's own detached log-probs as the reference's (its
+  KL term 0; only where beta_kl is 0 and not DPO: then =).
+- ``logits`` (=): how the passes get token log-probs (:func:`~haepo_ray.llm.rollout.token_stats`).
+- ``precision``: ``pure`` as above; ``mixed`` float32 weights, gradients and AdamW state (the
+  model is loaded in :attr:`~haepo_ray.llm.settings.LLMTrainSettings.weights_dtype`), every
+  model pass and generation under ``torch.autocast`` to ``dtype`` (:meth:`Policy.autocast`).
+- ``adamw`` (=): AdamW's multi-tensor (``foreach``) or per-parameter step; ``auto`` lets torch
+  choose (:attr:`Policy.foreach`).
+- ``num_iterations`` (GRPO): with n > 1, :meth:`Policy.rl_update` computes the old policy's
+  log-probs (without gradient, in the ``reference`` phase) and takes n optimiser steps on the
+  batch, the ratio of GRPO's loss being to the old policy.
+- ``generation``: one ``generate`` call per prompt or one per update (the trial's sampling,
+  :func:`~haepo_ray.llm.rollout.sample_groups`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,11 +48,11 @@ import torch
 from torch import Tensor
 
 from haepo_ray.llm.distributed import World
-from haepo_ray.llm.objectives import OBJECTIVES, TokenLoss, TokenStats, backward, chunks
+from haepo_ray.llm.objectives import OBJECTIVES, TokenLoss, TokenStats, backward, chunks, group_loss
 from haepo_ray.llm.rollout import Batch, token_stats
-from haepo_ray.llm.settings import LLMTrainSettings
+from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["Phase", "Policy", "no_phase"]
+__all__ = ["Phase", "Policy", "model_passes", "no_phase"]
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]  # phase name -> context
 
@@ -67,6 +86,25 @@ def _layers_training(model: Any, on: bool) -> Iterator[None]:
             layer.training = False
 
 
+def autocast(settings: LLMTrainSettings) -> contextlib.AbstractContextManager[None]:
+    """``torch.autocast`` to ``dtype`` with precision ``mixed``; nothing with ``pure``."""
+    if settings.precision == "pure":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(settings.device).type, dtype=torch_dtype(settings.dtype))
+
+
+def model_passes(settings: LLMTrainSettings) -> TokenStats:
+    """The policy's model passes (:attr:`Policy.stats`): :func:`~haepo_ray.llm.rollout.token_stats`
+    with the settings' ``logits`` and ``logits_chunk``, under :func:`autocast`."""
+    stats = functools.partial(token_stats, logits=settings.logits, logits_chunk=settings.logits_chunk)
+
+    def passes(model: Any, batch: Batch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        with autocast(settings):
+            return stats(model, batch, with_entropy)
+
+    return passes
+
+
 def _frozen_copy(model: Any) -> Any:
     """A copy of ``model`` that does not train, its tensors cloned by torch (``deepcopy`` of a
     fake tensor, as in the memory simulator, copies bytes that do not exist)."""
@@ -94,11 +132,12 @@ class Policy:
         self.model = model
         if settings.gradient_checkpointing:
             _checkpoint_layers(model)
-        self.reference: Any = None  # a frozen copy; None with LoRA (the adapter is disabled instead)
+        self.reference: Any = None  # a frozen copy; None with LoRA (the adapter is disabled instead) or none
         self.optimizer: torch.optim.Optimizer | None = None
-        self.stats: TokenStats = token_stats  # every model pass of a step (the simulator replays repeats)
-        # AdamW's implementation: None lets torch choose by device (CUDA: multi-tensor "foreach",
-        # CPU: one parameter at a time); the simulator of a CUDA step, on CPU tensors, sets True.
+        self.stats: TokenStats = model_passes(settings)  # every model pass of a step (the simulator replays repeats)
+        # AdamW's implementation where adamw is "auto": None lets torch choose by device (CUDA:
+        # multi-tensor "foreach", CPU: one parameter at a time); the simulator of a CUDA step, on
+        # CPU tensors, sets True.
         self.foreach: bool | None = None
 
     @property
@@ -108,27 +147,40 @@ class Policy:
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The context of a model pass outside :attr:`stats` (generation): :func:`autocast`."""
+        return autocast(self.settings)
+
+    def _optimizer(self, lr: float) -> torch.optim.Optimizer:
+        foreach = {"foreach": True, "per_parameter": False}.get(self.settings.adamw, self.foreach)
+        return torch.optim.AdamW(self.trainable(), lr=lr, foreach=foreach)
+
     def start_sft(self) -> None:
         """The SFT optimiser (of a fresh adapter with LoRA)."""
         if self.lora:
             self.model = _with_adapter(self.model, self.settings)
-        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.sft_lr, foreach=self.foreach)
+        self.optimizer = self._optimizer(self.settings.sft_lr)
 
     def start_rl(self) -> None:
-        """Freeze the model as it is (the SFT checkpoint) as the reference; make the RL optimiser."""
-        if self.lora:
-            if hasattr(self.model, "merge_and_unload"):  # SFT's adapter becomes part of the base weights
-                self.model = self.model.merge_and_unload()
-            self.model = _with_adapter(self.model, self.settings)
-        else:
+        """Freeze the model as it is (the SFT checkpoint) as the reference (``reference``); make
+        the RL optimiser."""
+        if self.lora and hasattr(self.model, "merge_and_unload"):  # SFT's adapter becomes part of the base weights
+            self.model = self.model.merge_and_unload()
+        reference = self.settings.reference
+        if reference == "copy" or (reference == "auto" and not self.lora):
             self.reference = _frozen_copy(self.model)
-        self.optimizer = torch.optim.AdamW(self.trainable(), lr=self.settings.lr, foreach=self.foreach)
+        if self.lora:
+            self.model = _with_adapter(self.model, self.settings)
+        self.optimizer = self._optimizer(self.settings.lr)
 
     def load_start(self, model_state: dict[str, Any]) -> None:
         """An SFT start's weights (a model's state after :meth:`start_rl`) into this policy,
-        after its own :meth:`start_rl`: the model's and, without LoRA, the reference's."""
+        after its own :meth:`start_rl`: the model's and a frozen reference's (with LoRA a copy of
+        the model with its fresh adapter merged in, which changes no weight: its B is 0)."""
         self.model.load_state_dict(model_state)
-        if self.reference is not None:
+        if self.reference is not None and self.lora:
+            self.reference = _frozen_copy(self.model).merge_and_unload()
+        elif self.reference is not None:
             self.reference.load_state_dict(model_state)
 
     def sft_step(self, batch: Batch | None, tokens: int) -> Tensor:
@@ -147,15 +199,18 @@ class Policy:
 
     @contextlib.contextmanager
     def _reference_model(self) -> Iterator[Any]:
-        if self.lora:
+        if self.reference is None:
             with self.model.disable_adapter():
                 yield self.model
         else:
             yield self.reference
 
     @torch.no_grad()
-    def reference_logp(self, batch: Batch) -> Tensor:
-        """The reference policy's token log-probs of ``batch``, ``micro_batch_size`` rows at a time."""
+    def reference_logp(self, batch: Batch) -> Tensor | None:
+        """The reference policy's token log-probs of ``batch``, ``micro_batch_size`` rows at a
+        time; None with ``reference`` none (the policy is its own reference)."""
+        if self.settings.reference == "none":
+            return None
         with self._reference_model() as reference:
             return self._logp(reference, batch)
 
@@ -185,6 +240,21 @@ class Policy:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss, logp
+
+    def rl_update(self, batch: Batch, returns: Tensor, *, group_rows: int, share: float = 1.0,
+                  phase: Phase = no_phase) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One RL update of ``batch`` (``group_rows`` rows per prompt, rewards ``returns``; this
+        worker's ``share`` of the update's prompts weighs its loss): the reference pass (and the
+        old policy's, with ``num_iterations`` > 1), then ``num_iterations`` x :meth:`update`.
+        Returns the first step's (loss, token log-probs) and the reference's log-probs (or None)."""
+        with phase("reference"):
+            ref_logp = self.reference_logp(batch)
+            old_logp = self.logp(batch) if self.settings.num_iterations > 1 else None
+        loss_fn = group_loss(self.settings.objective(), batch, returns, ref_logp, group_rows=group_rows,
+                             old_token_logp=old_logp)
+        steps = [self.update(batch, lambda lp, ent: share * loss_fn(lp, ent), phase=phase)
+                 for _ in range(self.settings.num_iterations)]
+        return *steps[0], ref_logp
 
     def state_dict(self) -> dict[str, Any]:
         """Policy, optimiser and (without LoRA) reference: what a checkpoint restores."""

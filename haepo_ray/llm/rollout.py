@@ -129,22 +129,26 @@ def generate(
 
 def sample_groups(
     model: Any, tokenizer: Any, prompts: Sequence[str], seeds: Sequence[int], positions: Sequence[int], *,
-    group_size: int, max_new_tokens: int, min_new_tokens: int = 1, temperature: float = 1.0,
+    group_size: int, max_new_tokens: int, min_new_tokens: int = 1, temperature: float = 1.0, together: bool = False,
 ) -> tuple[Batch, list[str]]:
     """:func:`generate` one prompt at a time, each from its own seed: a prompt's completions do
     not depend on the other prompts nor on the global RNG (so not on which worker draws them,
-    :mod:`haepo_ray.llm.distributed`). Rows of prompt i have ``prompt_index`` ``positions[i]``."""
+    :mod:`haepo_ray.llm.distributed`). Rows of prompt i have ``prompt_index`` ``positions[i]``.
+    ``together``: every prompt in one call from the first seed (``generation`` batch): fewer
+    calls, completions that depend on the other prompts of the call."""
     device = next(model.parameters()).device
+    calls = [(prompts, seeds[0], positions)] if together else [([p], s, [i]) for p, s, i in
+                                                               zip(prompts, seeds, positions, strict=True)]
     batches, texts = [], []
-    for prompt, seed, position in zip(prompts, seeds, positions, strict=True):
+    for call_prompts, seed, call_positions in calls:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            batch, group_texts = generate(model, tokenizer, [prompt], group_size=group_size,
-                                          max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                                          temperature=temperature)
-        batches.append(Batch(batch.input_ids, batch.attention_mask, batch.completion_mask,
-                             torch.full_like(batch.prompt_index, position)))
-        texts += group_texts
+            batch, call_texts = generate(model, tokenizer, call_prompts, group_size=group_size,
+                                         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                                         temperature=temperature)
+        index = torch.tensor(list(call_positions), device=device).repeat_interleave(group_size)
+        batches.append(Batch(batch.input_ids, batch.attention_mask, batch.completion_mask, index))
+        texts += call_texts
     return concat_batches(batches, tokenizer.pad_token_id), texts
 
 
@@ -182,29 +186,69 @@ def concat_batches(batches: Sequence[Batch], pad_id: int) -> Batch:
                    ("input_ids", "attention_mask", "completion_mask", "prompt_index")))
 
 
-def token_stats(model: Any, batch: Batch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def token_stats(model: Any, batch: Batch, with_entropy: bool = False, *, logits: str = "gather",
+                logits_chunk: int = 256) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) of each completion token, [N, T] (0 off the mask), and optionally
     the policy's entropy at each completion position (0 off the mask).
 
     Only the T + 1 last positions go through the LM head, which bounds the [N, T, V] logits.
+    ``logits`` (:data:`~haepo_ray.llm.settings.SWITCHES`), the same values three ways:
+    ``gather`` the chosen token's logit less log-softmax's normaliser; ``full`` the log-softmax
+    over the vocabulary, kept for the backward; ``chunked`` the LM head on ``logits_chunk``
+    tokens at a time, each chunk's logits recomputed in the backward (for models whose logits
+    are the LM head of the decoder's output: Llama, Qwen2).
     """
     width = batch.completion_mask.shape[1]
     position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
-        logits_to_keep=width + 1, use_cache=False,
-    ).logits[:, :-1]  # position P - 1 + t predicts completion token t
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": position_ids,
+              "use_cache": False}
     targets = batch.input_ids[:, -width:]
-    log_norm = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    if logits == "chunked":
+        hidden = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]
+        logp, entropy = _chunked_stats(model.get_output_embeddings(), hidden, targets, with_entropy, logits_chunk)
+    else:
+        # position P - 1 + t predicts completion token t
+        scores = model(**inputs, logits_to_keep=width + 1).logits[:, :-1]
+        logp, entropy = (_full_stats if logits == "full" else _gather_stats)(scores, targets, with_entropy)
     mask = batch.completion_mask
     logp = torch.where(mask, logp, torch.zeros_like(logp))
+    return logp, (None if entropy is None else torch.where(mask, entropy, torch.zeros_like(entropy)))
+
+
+def _float(logits: Tensor) -> Tensor:
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32
+
+
+def _gather_stats(logits: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    logits = _float(logits)
+    log_norm = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not with_entropy:
         return logp, None
     # H = log Z - sum_v p_v z_v
-    entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, torch.where(mask, entropy, torch.zeros_like(entropy))
+    return logp, log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def _full_stats(logits: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    log_probs = torch.log_softmax(_float(logits), dim=-1)
+    logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp, (-(log_probs.exp() * log_probs).sum(-1) if with_entropy else None)
+
+
+def _chunked_stats(head: Any, hidden: Tensor, targets: Tensor, with_entropy: bool,
+                   size: int) -> tuple[Tensor, Tensor | None]:
+    """:func:`_gather_stats` of ``head(hidden)``, ``size`` tokens at a time under activation
+    checkpointing: a chunk's logits live only while it is computed (forward and backward)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk(h: Tensor, t: Tensor) -> tuple[Tensor, ...]:
+        return tuple(x for x in _gather_stats(head(h), t, with_entropy) if x is not None)
+
+    flat, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    pieces = [checkpoint(chunk, flat[i:i + size], flat_targets[i:i + size], use_reentrant=False)
+              for i in range(0, len(flat), size)]
+    logp = torch.cat([p[0] for p in pieces]).view(targets.shape)
+    return logp, (torch.cat([p[1] for p in pieces]).view(targets.shape) if with_entropy else None)
 
 
 def sequence_logp(token_logp: Tensor, completion_mask: Tensor) -> Tensor:

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "NOT_DPO", "ObjectiveSettings", "torch_dtype"]
+__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "NOT_DPO", "ObjectiveSettings", "SWITCHES",
+           "torch_dtype"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
 ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
@@ -27,6 +28,15 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float
 # and no KL penalty (dpo_beta is its pull towards the reference). A sweep spec that sets them
 # for DPO trials is refused (haepo_ray.sweep.llm_plan).
 NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
+# Implementation switches: other tools' ways of running the same step (haepo_ray.llm.policy), the
+# first value this project's (the default). Each setting's values; HELP says what each does.
+SWITCHES: dict[str, tuple[str, ...]] = {
+    "reference": ("auto", "copy", "none"),
+    "logits": ("gather", "full", "chunked"),
+    "generation": ("group", "batch"),
+    "precision": ("pure", "mixed"),
+    "adamw": ("auto", "foreach", "per_parameter"),
+}
 
 
 def torch_dtype(name: str) -> Any:
@@ -101,6 +111,14 @@ class LLMTrainSettings:
     lora_r: int = 0
     lora_alpha: float = 16.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")  # peft's default for Llama and Qwen2
+    # Implementation switches (SWITCHES, haepo_ray.llm.policy), defaults this project's own step.
+    reference: str = "auto"
+    logits: str = "gather"
+    logits_chunk: int = 256
+    generation: str = "group"
+    precision: str = "pure"
+    adamw: str = "auto"
+    num_iterations: int = 1
     eval_prompts: int = 32  # held out from SFT and RL (haepo_ray.llm.data.split_examples)
     split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
     eval_every: int = 0
@@ -109,7 +127,8 @@ class LLMTrainSettings:
     def __post_init__(self) -> None:
         counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
                   "max_new_tokens": 1, "min_new_tokens": 1, "max_source_words": 1, "micro_batch_size": 0,
-                  "eval_prompts": 1, "eval_every": 0, "split_seed": 0, "lora_r": 0}
+                  "eval_prompts": 1, "eval_every": 0, "split_seed": 0, "lora_r": 0, "logits_chunk": 1,
+                  "num_iterations": 1}
         for name, low in counts.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -132,6 +151,26 @@ class LLMTrainSettings:
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
         self.objective()  # checks algo, betas, normalization, clip, temperature
         SummaryReward(*self.reward_weights)
+        self._check_switches()
+
+    def _check_switches(self) -> None:
+        for name, values in SWITCHES.items():
+            if getattr(self, name) not in values:
+                raise ValueError(f"{name} must be one of {values}, got {getattr(self, name)!r}")
+        if self.reference == "none" and (self.beta_kl != 0 or self.algo == "DPO"):
+            raise ValueError(f"reference 'none' needs a loss without the reference: beta_kl 0 (got {self.beta_kl!r}) "
+                             f"and not DPO (got {self.algo!r})")
+        if self.num_iterations > 1 and self.algo != "GRPO":
+            raise ValueError(f"num_iterations > 1 is GRPO's (its clipped ratio to the old policy), got "
+                             f"{self.num_iterations!r} for {self.algo!r}")
+        if self.precision == "mixed" and self.dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"precision 'mixed' computes in a half-precision dtype: dtype must be bfloat16 or "
+                             f"float16, got {self.dtype!r}")
+
+    @property
+    def weights_dtype(self) -> str:
+        """The parameters' dtype: ``dtype``, or float32 (master weights) with precision ``mixed``."""
+        return "float32" if self.precision == "mixed" else self.dtype
 
     def objective(self) -> ObjectiveSettings:
         names = [f.name for f in dataclasses.fields(ObjectiveSettings)]
@@ -168,6 +207,19 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "lora_r": "LoRA rank (0: train every weight)",
     "lora_alpha": "LoRA scale alpha",
     "lora_target_modules": "modules that get LoRA adapters",
+    "reference": "reference policy: auto (LoRA: the adapter switched off, else a frozen copy), copy (a frozen "
+                 "copy even with LoRA), none (no reference pass; needs beta_kl 0, not DPO)",
+    "logits": "token log-probs: gather (log-softmax's normaliser and the chosen token's logit), full (the "
+              "log-softmax over the vocabulary kept for the backward), chunked (the LM head on logits_chunk "
+              "tokens at a time, recomputed in the backward)",
+    "logits_chunk": "tokens per LM-head chunk of logits chunked",
+    "generation": "sampling: group (one generate call per prompt, each from its own seed) or batch (one call "
+                  "for all of a worker's prompts, from the first prompt's seed)",
+    "precision": "pure (weights, gradients and AdamW's state in dtype) or mixed (those in float32, the passes "
+                 "under autocast to dtype bfloat16 or float16)",
+    "adamw": "AdamW's step: auto (torch chooses: multi-tensor on CUDA), foreach (multi-tensor) or per_parameter",
+    "num_iterations": "GRPO: optimiser steps per update's batch; > 1 adds the old policy's log-prob pass and "
+                      "the ratio to it",
     "eval_prompts": "held-out prompts of the evaluation (eval/* metrics, generations.jsonl)",
     "split_seed": "seed of the held-out / SFT / RL split (the same for every run)",
     "eval_every": "also evaluate on the held-out prompts every N updates (0: only after the last)",

@@ -7,9 +7,10 @@ first trial that needs a start makes it and every other trial with the same :fun
 
 A start's key is the sha256 of the canonical JSON of :func:`key_fields`: what determines the
 SFT result (model, data, the held-out split, the SFT steps, learning rate, batch, prompt
-length, dtype, device type, LoRA where ``lora_r > 0``, seed), not the algorithm or RL settings.
-``gradient_checkpointing`` and ``micro_batch_size`` are left out: SFT's step recomputes the
-same forward and takes the whole batch. A sweep's trials share one worker count, which is not
+length, dtype, device type, LoRA where ``lora_r > 0``, precision where ``mixed``, seed), not the
+algorithm or RL settings. ``gradient_checkpointing``, ``micro_batch_size``, ``logits`` and
+``adamw`` are left out: SFT's step recomputes the same forward, takes the whole batch, and
+gets the same log-probs and update. A sweep's trials share one worker count, which is not
 in the key either.
 
 A folder of starts (a sweep's ``<experiment folder>/sft_starts``) holds:
@@ -56,7 +57,8 @@ _LORA_FIELDS = ("lora_alpha", "lora_target_modules")  # only where lora_r > 0
 
 def key_fields(settings: LLMTrainSettings) -> dict[str, Any]:
     """The settings that determine a run's SFT result (module docstring), as JSON values."""
-    names = _SFT_FIELDS + (_LORA_FIELDS if settings.lora_r > 0 else ())
+    names = _SFT_FIELDS + (_LORA_FIELDS if settings.lora_r > 0 else ()) + (
+        ("precision",) if settings.precision != "pure" else ())
     fields = {name: getattr(settings, name) for name in names}
     fields["device"] = settings.device.split(":")[0]  # the kernels' kind, not the card
     return json.loads(json.dumps(fields))  # tuples as lists

@@ -59,7 +59,9 @@ Sampling is seeded per prompt, (seed, update, the prompt's position in the updat
 (:func:`~haepo_ray.llm.distributed.sample_seed`): a run is reproducible, on one worker or
 several (:class:`~haepo_ray.llm.distributed.World`; each worker takes whole prompt groups),
 and a run restored from a checkpoint (:meth:`LLMRun.save`) continues exactly. The price: one
-``generate`` call per prompt (``group_size`` rows each) instead of one per update.
+``generate`` call per prompt (``group_size`` rows each) instead of one per update; with
+``generation`` batch, one call per worker and update from its first prompt's seed (then the
+completions depend on how the prompts split over the workers).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ from haepo_ray.llm.data import Example, format_prompt, jsonl_rows, load_examples
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import OBJECTIVES, chunks, effective_num_trajectories, gold_first, group_loss, rows_per_prompt
+from haepo_ray.llm.objectives import OBJECTIVES, chunks, effective_num_trajectories, gold_first, rows_per_prompt
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rewards import (
     RewardFn,
@@ -205,7 +207,7 @@ class LLMRun:
             self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.split_seed)
             model, self.tokenizer = load_model(
                 settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
-                seed=settings.seed, dtype=torch_dtype(settings.dtype))
+                seed=settings.seed, dtype=torch_dtype(settings.weights_dtype))
             model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
             self.policy = Policy(model, settings, world)
             self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
@@ -299,11 +301,11 @@ class LLMRun:
             local = [e for _, e in mine]
             share = len(local) / len(examples)
             prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in local]
-            with peaks.phase("generation"):
+            with peaks.phase("generation"), self.policy.autocast():
                 samples, texts = sample_groups(
                     self.model, tokenizer, prompts, [sample_seed(s.seed, self.update, i) for i in positions],
                     positions, group_size=s.group_size, max_new_tokens=s.max_new_tokens,
-                    min_new_tokens=s.min_new_tokens, temperature=s.temperature)
+                    min_new_tokens=s.min_new_tokens, temperature=s.temperature, together=s.generation == "batch")
             group_examples = [e for e in local for _ in range(s.group_size)]
             rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
             if OBJECTIVES[s.algo].with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
@@ -318,15 +320,14 @@ class LLMRun:
                 sample_rows = torch.ones(len(batch), dtype=torch.bool, device=s.device)
         with clock.phase("update"):
             group_rows = rows_per_prompt(objective, s.group_size)
-            with peaks.phase("reference"):
-                ref_logp = self.policy.reference_logp(batch)
-            local_loss = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
-            loss, logp = self.policy.update(batch, lambda lp, ent: share * local_loss(lp, ent), phase=peaks.phase)
+            loss, logp, ref_logp = self.policy.rl_update(batch, returns, group_rows=group_rows, share=share,
+                                                         phase=peaks.phase)
         elapsed = time.perf_counter() - start
 
         with clock.phase("metrics"):
             sampled: Batch = batch.rows(sample_rows)
             mask = sampled.completion_mask
+            ref_logp = logp if ref_logp is None else ref_logp  # reference none: the policy's own (KL 0)
             kl = sequence_kl(logp[sample_rows], ref_logp[sample_rows], mask).mean()
             means = {  # over this worker's completions (or prompts); the share weighs them into the update's
                 "reward_mean": rewards.mean().item(),
@@ -361,14 +362,16 @@ class LLMRun:
             prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in chosen]
             positions = range(c.start, c.stop)
             seeds = [sample_seed(s.seed, 0, i) for i in positions]
-            completions = {
-                "greedy": (*generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
-                                     min_new_tokens=1, greedy=True), chosen),
-                "sampled": (*sample_groups(self.model, tokenizer, prompts, seeds, positions, group_size=s.group_size,
-                                           max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
-                                           temperature=s.temperature),
-                            [e for e in chosen for _ in range(s.group_size)]),
-            }
+            with self.policy.autocast():
+                completions = {
+                    "greedy": (*generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
+                                         min_new_tokens=1, greedy=True), chosen),
+                    "sampled": (*sample_groups(self.model, tokenizer, prompts, seeds, positions,
+                                               group_size=s.group_size, max_new_tokens=s.max_new_tokens,
+                                               min_new_tokens=s.min_new_tokens, temperature=s.temperature,
+                                               together=s.generation == "batch"),
+                                [e for e in chosen for _ in range(s.group_size)]),
+                }
             for mode, (batch, mode_texts, examples) in completions.items():
                 chunk_scores = self._scores(batch, mode_texts, examples)
                 if mode == "greedy":
@@ -391,7 +394,8 @@ class LLMRun:
         """Per completion of ``batch``: the reward, its parts and ROUGE-L, the length in tokens
         (EOS included) and the KL estimate L_k - L_k^ref."""
         mask = batch.completion_mask
-        kl = sequence_kl(self.policy.logp(batch), self.policy.reference_logp(batch), mask)
+        logp, ref_logp = self.policy.logp(batch), self.policy.reference_logp(batch)
+        kl = sequence_kl(logp, logp if ref_logp is None else ref_logp, mask)  # reference none: KL 0
         return {names.LLM_REWARD: check_rewards(self.reward_fn(texts, examples), texts),
                 **completion_scores(texts, [e.reference for e in examples]),
                 names.LLM_COMPLETION_LENGTH: mask.sum(1).tolist(),

@@ -73,10 +73,9 @@ class TrialEstimate:
 def config_memory_key(config: Mapping[str, Any]) -> tuple:
     """The memory key of a trial config (only its memory fields are read: Tune may not have
     resolved the others yet)."""
-    from haepo_ray.llm.capacity.estimate import MEMORY_FIELDS, memory_key
-    from haepo_ray.llm.settings import LLMTrainSettings
+    from haepo_ray.llm.capacity.estimate import key_settings, memory_key
 
-    return memory_key(LLMTrainSettings(**{name: config[name] for name in MEMORY_FIELDS}))
+    return memory_key(key_settings(config))
 
 
 def estimate_keys(keys: Iterable[tuple], *, prompt_tokens: int, workers: int,
@@ -85,13 +84,12 @@ def estimate_keys(keys: Iterable[tuple], *, prompt_tokens: int, workers: int,
     its time on ``accelerator`` (a name of :data:`~haepo_ray.llm.capacity.accelerators.ACCELERATORS`;
     default the paper's)."""
     from haepo_ray.llm.capacity.accelerators import ACCELERATORS, DEFAULT_ACCELERATOR, phase_seconds, run_seconds
-    from haepo_ray.llm.capacity.estimate import MEMORY_FIELDS, estimate
-    from haepo_ray.llm.settings import LLMTrainSettings
+    from haepo_ray.llm.capacity.estimate import MEMORY_FIELDS, estimate, key_settings
 
     device = ACCELERATORS[accelerator or DEFAULT_ACCELERATOR]
     estimates = {}
     for key in keys:
-        settings = LLMTrainSettings(**dict(zip(MEMORY_FIELDS, key, strict=True)))
+        settings = key_settings(dict(zip(MEMORY_FIELDS, key, strict=True)))
         est = estimate(settings, prompt_tokens=prompt_tokens, workers=max(workers, 1))
         peak = est.phases[est.peak_phase]
         worker = dataclasses.replace(settings, batch_prompts=settings.batch_prompts // max(workers, 1))
@@ -105,11 +103,10 @@ def micro_batch_sizes(key: tuple, workers: int) -> list[int]:
     """A plan's micro-batch sizes for a trial with memory key ``key``: the divisors of one
     worker's rows in an update (its prompts times their rows, :func:`~haepo_ray.llm.objectives.rows_per_prompt`)
     below them, ascending, then 0 (the whole update in one pass)."""
-    from haepo_ray.llm.capacity.estimate import MEMORY_FIELDS
+    from haepo_ray.llm.capacity.estimate import MEMORY_FIELDS, key_settings
     from haepo_ray.llm.objectives import rows_per_prompt
-    from haepo_ray.llm.settings import LLMTrainSettings
 
-    settings = LLMTrainSettings(**dict(zip(MEMORY_FIELDS, key, strict=True)))
+    settings = key_settings(dict(zip(MEMORY_FIELDS, key, strict=True)))
     rows = settings.batch_prompts // max(workers, 1) * rows_per_prompt(settings.objective(), settings.group_size)
     return [d for d in range(1, rows) if rows % d == 0] + [0]
 

@@ -49,10 +49,12 @@ RAY_ACCELERATOR_TYPES = {"A100-40G": "a100-40gb", "A100-80G": "a100-80gb", "H100
 def phase_seconds(estimate: StepEstimate, settings: LLMTrainSettings, accelerator: Accelerator,
                   efficiency: float = EFFICIENCY) -> dict[str, float]:
     """Each phase's time on ``accelerator`` (module docstring); ``settings`` those simulated."""
+    from haepo_ray.llm.capacity.steps import generation_calls
+
     if not 0 < efficiency <= 1:
         raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
     seconds = {name: p.flops / (accelerator.bf16_flops * efficiency) for name, p in estimate.phases.items()}
-    decode_bytes = settings.batch_prompts * settings.max_new_tokens * estimate.weight_bytes
+    decode_bytes = generation_calls(settings) * settings.max_new_tokens * estimate.weight_bytes
     seconds["generation"] = max(seconds["generation"], decode_bytes / accelerator.bandwidth)
     return seconds
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from haepo_ray.llm.capacity.model_configs import model_config
 from haepo_ray.llm.settings import LLMTrainSettings
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from haepo_ray.llm.capacity.simulate import StepEstimate
 
 __all__ = ["CUBLAS_HANDLES", "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES", "MEMORY_FIELDS", "NCCL_BUFFSIZE",
-           "NCCL_CHANNELS", "PROMPT_TOKENS", "estimate", "memory_key"]
+           "NCCL_CHANNELS", "PROMPT_TOKENS", "estimate", "key_settings", "memory_key"]
 
 MIB = 2**20
 # The CUDA context of a PyTorch process (driver state, loaded kernels, libraries' own buffers),
@@ -73,13 +74,21 @@ NCCL_RING_PEERS = 2  # a ring's previous and next worker
 PROMPT_TOKENS = 512
 MEMORY_FIELDS: tuple[str, ...] = (
     "model", "algo", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
-    "gradient_checkpointing", "lora_r", "lora_target_modules",
+    "gradient_checkpointing", "lora_r", "lora_target_modules", "reference", "logits", "logits_chunk", "generation",
+    "precision", "adamw", "num_iterations",
 )
 
 
 def memory_key(settings: LLMTrainSettings) -> tuple:
     """The values of :data:`MEMORY_FIELDS`: trials with the same key have the same estimate."""
     return tuple(getattr(settings, name) for name in MEMORY_FIELDS)
+
+
+def key_settings(values: Mapping[str, Any]) -> LLMTrainSettings:
+    """Settings of :data:`MEMORY_FIELDS` ``values``, the others their defaults but beta_kl 0
+    where ``reference`` is none (which needs it; beta_kl changes no memory)."""
+    values = {name: values[name] for name in MEMORY_FIELDS}
+    return LLMTrainSettings(**values, **({"beta_kl": 0.0} if values["reference"] == "none" else {}))
 
 
 def estimate(settings: LLMTrainSettings, *, prompt_tokens: int = PROMPT_TOKENS, workers: int = 1,
@@ -96,7 +105,7 @@ def _cached(key: tuple, prompt_tokens: int, workers: int, target: str) -> StepEs
     from haepo_ray.llm.capacity.simulate import simulate
     from haepo_ray.llm.capacity.steps import Shapes
 
-    settings = LLMTrainSettings(**dict(zip(MEMORY_FIELDS, key, strict=True)))
+    settings = key_settings(dict(zip(MEMORY_FIELDS, key, strict=True)))
     worker = dataclasses.replace(settings, batch_prompts=settings.batch_prompts // workers,
                                  sft_batch=math.ceil(settings.sft_batch / workers))
     shapes = Shapes(prompt_tokens, settings.max_new_tokens)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from haepo_ray.llm.capacity.steps import Shapes, group_sampling, run_steps
+from haepo_ray.llm.capacity.steps import Shapes, generation_rows, group_sampling, run_steps
 from haepo_ray.llm.rollout import sample_completions
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
@@ -64,7 +64,7 @@ class _Marks:
 
 
 def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int) -> None:
-    rows = settings.group_size
+    rows = generation_rows(settings)
     sample_completions(model, torch.zeros(rows, prompt_tokens, dtype=torch.long),
                        torch.ones(rows, prompt_tokens, dtype=torch.long), **group_sampling(model, settings))
 
@@ -98,7 +98,7 @@ def measure(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[str
                          f"({settings.min_new_tokens}) must equal max_new_tokens ({settings.max_new_tokens})")
     settings = dataclasses.replace(settings, device="cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.weights_dtype)).eval()
         run_steps(model, settings, shapes, _Marks(), lambda m: _generate(m, settings, shapes.prompt_tokens))
     return _phase_peaks(prof.profiler.kineto_results.events())
 
@@ -174,7 +174,7 @@ def run_cuda(settings: LLMTrainSettings, config: Any, shapes: Shapes, device: st
     target = torch.device(device)
     recorder = _CudaPeaks(target)
     with target:  # factory functions (the batches, the optimiser's state) make CUDA tensors
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.weights_dtype)).eval()
         run_steps(model, dataclasses.replace(settings, device=device), shapes, recorder,
                   lambda m: _generate(m, settings, shapes.prompt_tokens))
     torch.cuda.synchronize(target)
@@ -194,6 +194,6 @@ def time_step(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[s
     _check(settings)
     recorder = _Timed(torch.device("cpu"))
     settings = dataclasses.replace(settings, device="cpu")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.weights_dtype)).eval()
     run_steps(model, settings, shapes, recorder, lambda m: _generate(m, settings, shapes.prompt_tokens))
     return recorder.seconds

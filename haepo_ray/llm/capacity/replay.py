@@ -5,7 +5,8 @@ update's first loop without gradient, its second loop with one: :func:`~haepo_ra
 objectives.backward`). Passes of one kind (phase, gradient or not, the rows' shape, with or
 without entropies) do the same work from the same state, so :class:`ReplayedStats`, the
 simulated policy's :attr:`~haepo_ray.llm.policy.Policy.stats`, runs one pass of each kind
-(gradient passes: two, since the first makes the gradients the others accumulate into),
+(gradient passes: two, since the first makes the gradients the others accumulate into; a
+gradient pass while the model has none, as an update's first, runs),
 records what it did, and replays the others: the same outputs, the rise of live bytes by
 category at its peak, the bytes it holds for the backward pass until that has run, the
 backward's rise from the moment its outputs' gradients exist, and the FLOPs of both. A pass
@@ -24,7 +25,8 @@ import torch
 from torch import Tensor
 
 from haepo_ray.llm.capacity.tracker import CATEGORIES, LiveBytes, Watermark
-from haepo_ray.llm.rollout import Batch, token_stats
+from haepo_ray.llm.objectives import TokenStats
+from haepo_ray.llm.rollout import Batch
 
 __all__ = ["ReplayedStats"]
 
@@ -50,6 +52,11 @@ class _Record:
 
 def _sub(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {c: a[c] - b.get(c, 0) for c in CATEGORIES}
+
+
+def _has_gradients(model: Any) -> bool:
+    """The trainable parameters have gradients (from a pass of this update)."""
+    return next(p for p in model.parameters() if p.requires_grad).grad is not None
 
 
 class _Replayed(torch.autograd.Function):
@@ -85,10 +92,11 @@ class _Replayed(torch.autograd.Function):
 
 
 class ReplayedStats:
-    """:func:`~haepo_ray.llm.rollout.token_stats` for a simulated step (module docstring)."""
+    """The policy's model passes ``stats`` (:func:`~haepo_ray.llm.policy.model_passes`) for a
+    simulated step (module docstring)."""
 
-    def __init__(self, tracker: LiveBytes) -> None:
-        self.tracker = tracker
+    def __init__(self, tracker: LiveBytes, stats: TokenStats) -> None:
+        self.tracker, self.stats = tracker, stats
         self.calls: dict[tuple, int] = {}
         self.records: dict[tuple, _Record] = {}
         self._backward = contextlib.ExitStack()  # the watermark of a recorded pass's backward
@@ -103,18 +111,19 @@ class ReplayedStats:
         key = (self.tracker.phase_name, grad, tuple(batch.input_ids.shape), with_entropy)
         index = self.calls[key] = self.calls.get(key, -1) + 1
         record = self.records.get(key)
-        if record is not None and index > (1 if grad else 0) and (not grad or record.backward is not None):
+        if record is not None and index > (1 if grad else 0) and (
+                not grad or (record.backward is not None and _has_gradients(model))):
             return self._replay(record, model, grad, with_entropy)
         if index == (1 if grad else 0):
             return self._record(key, model, batch, with_entropy, grad)
-        return token_stats(model, batch, with_entropy)  # the first gradient pass makes the gradients
+        return self.stats(model, batch, with_entropy)  # the first gradient pass makes the gradients
 
     def _record(self, key: tuple, model: Any, batch: Batch, with_entropy: bool,
                 grad: bool) -> tuple[Tensor, Tensor | None]:
         tracker = self.tracker
         first = len(tracker.events)
         with tracker.watermark() as mark:
-            logp, entropy = token_stats(model, batch, with_entropy)
+            logp, entropy = self.stats(model, batch, with_entropy)
         outputs = [t for t in (logp, entropy) if t is not None]
         out_bytes = dict.fromkeys(CATEGORIES, 0)
         for t in outputs:

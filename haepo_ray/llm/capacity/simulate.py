@@ -13,16 +13,17 @@ whose every completion runs to ``max_new_tokens``, n tokens after a prompt of P:
 the first decode step (context P + 1) and the last (context P + n - 1, on a cache grown to
 P + n - 2). Memory grows with the context (the cache, the attention row), so the last step's
 peak is every decode step's bound; a step's FLOPs are affine in its context, so the n - 1
-decode steps make (n - 1)(first + last) / 2. Generation's FLOPs are for all ``batch_prompts``
-groups of an update, its peak for one (a trial samples one prompt at a time).
+decode steps make (n - 1)(first + last) / 2. The rows are one ``generate`` call's
+(:func:`~haepo_ray.llm.capacity.steps.generation_rows`: one prompt's group, or every prompt's
+with ``generation`` batch); generation's peak is one call's, its FLOPs every call's of an update.
 
 ``target="cuda"`` counts as CUDA's caching allocator does (512-byte blocks), runs attention
 through the kernel CUDA's ``scaled_dot_product_attention`` picks on an A100/H100 for these
 inputs (memory-efficient attention: the batch's padding mask rules out flash attention) and
-AdamW as torch runs it on CUDA (the multi-tensor "foreach" step, whose square root of the
-second moment is a temporary the size of the trainable weights); ``target="cpu"`` counts bytes
-exactly and keeps PyTorch's CPU kernels and AdamW's per-parameter step: the form the real step
-is measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
+AdamW as torch runs it on CUDA where ``adamw`` is auto (the multi-tensor "foreach" step, whose
+square root of the second moment is a temporary the size of the trainable weights); ``target="cpu"``
+counts bytes exactly and keeps PyTorch's CPU kernels and AdamW's per-parameter step: the form the
+real step is measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
 
 Reserved memory. The tracker's allocation and free events are replayed through a model of
 CUDA's caching allocator (:mod:`~haepo_ray.llm.capacity.allocator`): ``allocator_reserved``
@@ -47,9 +48,18 @@ import torch
 
 from haepo_ray.llm.capacity.allocator import replay as replay_allocator
 from haepo_ray.llm.capacity.replay import ReplayedStats
-from haepo_ray.llm.capacity.steps import PHASES, RL_PHASES, Shapes, group_sampling, run_steps
+from haepo_ray.llm.capacity.steps import (
+    PHASES,
+    RL_PHASES,
+    Shapes,
+    generation_calls,
+    generation_rows,
+    group_sampling,
+    run_steps,
+)
 from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
-from haepo_ray.llm.rollout import sampling_kwargs, token_stats
+from haepo_ray.llm.policy import model_passes
+from haepo_ray.llm.rollout import sampling_kwargs
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.upstream.torch import efficient_attention, fake_mode, flash_attention
 from haepo_ray.upstream.transformers import logits_processors
@@ -187,10 +197,10 @@ def _cache_argument(model: Any) -> str:
 
 @torch.no_grad()
 def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracker: LiveBytes) -> None:
-    """One group's sampling with the KV cache, as the module docstring says: each step as
-    transformers' ``_sample`` takes it (float32 logits, processors, softmax, multinomial), its
+    """One ``generate`` call's sampling with the KV cache, as the module docstring says: each step
+    as transformers' ``_sample`` takes it (float32 logits, processors, softmax, multinomial), its
     loop variables alive from one step until the next reassigns them."""
-    rows, n = settings.group_size, settings.max_new_tokens
+    rows, n = generation_rows(settings), settings.max_new_tokens
     sampling = group_sampling(model, settings)
     cache = _tracked_cache(model, tracker)
     loop = SimpleNamespace(input_ids=torch.zeros(rows, prompt_tokens, dtype=torch.long))  # the rows so far
@@ -240,10 +250,10 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
     tracker = LiveBytes(TARGETS[target])
     with _quiet(), fake_mode(), _attention(target), tracker:
         with tracker.category("parameters"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)).eval()
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.weights_dtype)).eval()
         parameters = sum(p.numel() for p in model.parameters())
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        stats = ReplayedStats(tracker) if replay else token_stats
+        stats = ReplayedStats(tracker, model_passes(settings)) if replay else None
         policy = run_steps(model, settings, shapes, tracker,
                            lambda m: _generate(m, settings, shapes.prompt_tokens, tracker), stats,
                            foreach=True if target == "cuda" else None)
@@ -253,8 +263,8 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         grad_size = max((p.element_size() for p in policy.trainable()), default=0)  # torch.cat's promoted dtype
     allocator = replay_allocator(tracker.events)
     peaks = dict(tracker.peaks)
-    generation = peaks["generation"]  # one prompt's group was run; the update samples batch_prompts groups
-    peaks["generation"] = dataclasses.replace(generation, flops=generation.flops * settings.batch_prompts)
+    generation = peaks["generation"]  # one generate call was run
+    peaks["generation"] = dataclasses.replace(generation, flops=generation.flops * generation_calls(settings))
     return StepEstimate(settings.algo, target, parameters, weight_bytes, trainable, {p: peaks[p] for p in PHASES},
                         trainable_bytes=trainable * grad_size, allocator_reserved=allocator.reserved,
                         allocator_allocated=allocator.peak_allocated)

@@ -6,12 +6,12 @@ both run, so what is simulated is what is measured: a :class:`~haepo_ray.llm.pol
 of the model with the trial's settings, then
 
 - ``sft``: one supervised step of ``sft_batch`` rows (:meth:`Policy.sft_step`);
-- ``generation``: sampling one prompt's group (``group_size`` rows, as a trial samples one
-  prompt at a time), by the caller's ``generate``;
+- ``generation``: one ``generate`` call of the trial (:func:`generation_rows` rows: one
+  prompt's group, or with ``generation`` batch every prompt's), by the caller's ``generate``;
 - ``reference``, ``forward_backward``, ``optimizer``: the RL update of ``batch_prompts``
   prompts (DPO: the gold summary and ``group_size`` samples per prompt) through
-  :meth:`Policy.reference_logp`, :func:`~haepo_ray.llm.objectives.group_loss` and
-  :meth:`Policy.update`.
+  :meth:`Policy.rl_update` (the reference pass, :func:`~haepo_ray.llm.objectives.group_loss`
+  and ``num_iterations`` x :meth:`Policy.update`).
 
 Both optimisers are in their steady state: AdamW's moments exist before the step, as from a
 run's second step on (:func:`_warm`). Every prompt is ``prompt_tokens`` long, every completion
@@ -28,12 +28,13 @@ from typing import Any, Protocol
 
 import torch
 
-from haepo_ray.llm.objectives import OBJECTIVES, TokenStats, group_loss, rows_per_prompt
+from haepo_ray.llm.objectives import OBJECTIVES, TokenStats, rows_per_prompt
 from haepo_ray.llm.policy import Policy
-from haepo_ray.llm.rollout import Batch, token_stats
+from haepo_ray.llm.rollout import Batch
 from haepo_ray.llm.settings import LLMTrainSettings
 
-__all__ = ["PHASES", "RL_PHASES", "Recorder", "Shapes", "group_sampling", "run_steps", "token_batch"]
+__all__ = ["PHASES", "RL_PHASES", "Recorder", "Shapes", "generation_calls", "generation_rows", "group_sampling",
+           "run_steps", "token_batch"]
 
 PHASES: tuple[str, ...] = ("sft", "generation", "reference", "forward_backward", "optimizer")
 RL_PHASES: tuple[str, ...] = PHASES[1:]  # one RL update
@@ -71,6 +72,16 @@ def token_batch(rows: int, group_rows: int, shapes: Shapes) -> Batch:
                  prompt_index=torch.arange(rows // group_rows).repeat_interleave(group_rows))
 
 
+def generation_rows(settings: LLMTrainSettings) -> int:
+    """Rows of one of a trial's ``generate`` calls: a prompt's group, or every prompt's (``generation`` batch)."""
+    return settings.group_size * (settings.batch_prompts if settings.generation == "batch" else 1)
+
+
+def generation_calls(settings: LLMTrainSettings) -> int:
+    """``generate`` calls of one update: one per prompt, or one (``generation`` batch)."""
+    return 1 if settings.generation == "batch" else settings.batch_prompts
+
+
 def group_sampling(model: Any, settings: LLMTrainSettings) -> dict[str, Any]:
     """:func:`~haepo_ray.llm.rollout.sampling_kwargs`' arguments for one group of a trial."""
     eos = model.config.eos_token_id
@@ -89,14 +100,16 @@ def _warm(policy: Policy, recorder: Recorder) -> None:
 
 
 def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: Recorder,
-              generate: Callable[[Any], None], stats: TokenStats = token_stats,
+              generate: Callable[[Any], None], stats: TokenStats | None = None,
               foreach: bool | None = None) -> Policy:
     """Run the phases of the module docstring on ``model`` (on the CPU); ``generate(model)``
-    samples one group, ``stats`` runs the policy's model passes, ``foreach`` chooses AdamW's
-    implementation (:attr:`Policy.foreach`). Returns the policy after the RL update."""
+    runs one ``generate`` call, ``stats`` the policy's model passes (default its own,
+    :func:`~haepo_ray.llm.policy.model_passes`), ``foreach`` is AdamW's implementation where
+    ``adamw`` is auto (:attr:`Policy.foreach`). Returns the policy after the RL update."""
     with recorder.category("parameters"):
         policy = Policy(model, settings)
-        policy.stats, policy.foreach = stats, foreach
+        policy.stats = stats or policy.stats
+        policy.foreach = foreach
         policy.start_sft()
     recorder.track_module(policy.model)
     _warm(policy, recorder)
@@ -108,16 +121,12 @@ def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: 
         policy.start_rl()
     recorder.track_module(policy.model)
     _warm(policy, recorder)
-    with recorder.phase("generation"):
+    with recorder.phase("generation"), policy.autocast():
         generate(policy.model)
-    objective = settings.objective()
-    group_rows = rows_per_prompt(objective, settings.group_size)
+    group_rows = rows_per_prompt(settings.objective(), settings.group_size)
     batch = token_batch(settings.batch_prompts * group_rows, group_rows, shapes)
-    with recorder.phase("reference"):
-        ref_logp = policy.reference_logp(batch)
     # Rewards as a trial has them: distinct per sample; DPO's gold (each group's first row) preferred.
     row = torch.arange(len(batch))
     returns = (row % group_rows == 0).float() if OBJECTIVES[settings.algo].with_gold else row.float()
-    loss_fn = group_loss(objective, batch, returns, ref_logp, group_rows=group_rows)
-    policy.update(batch, loss_fn, phase=recorder.phase)
+    policy.rl_update(batch, returns, group_rows=group_rows, phase=recorder.phase)
     return policy
