@@ -117,7 +117,7 @@ def add_parser(llm_sub: Any) -> None:
 
     p = llm_sub.add_parser(
         "memory", help="simulate a trial's GPU memory and time per phase, without a GPU",
-        description="Runs one trial's steps (an SFT step, one prompt group's generation, the reference pass "
+        description="Runs one trial's steps (an SFT step, one generate call, the reference pass "
                     "and the RL update) on fake tensors of the model's architecture: peak memory per phase "
                     "and category, FLOPs, and a time estimate. Models: tiny, smollm2, qwen2.5-1.5b(-instruct), "
                     "llama-3.2-1b(-instruct), or a local folder / Hugging Face name with a config.json.",

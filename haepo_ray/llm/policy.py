@@ -1,8 +1,9 @@
 """The model a run trains, its frozen reference and its optimiser, and the steps that use them.
 
 :class:`~haepo_ray.llm.train.LLMRun` and the memory simulator (:mod:`haepo_ray.llm.capacity`)
-run the same steps through a :class:`Policy`: one SFT step (:meth:`Policy.sft_step`), the
-reference pass (:meth:`Policy.reference_logp`) and the RL update (:meth:`Policy.update`).
+run the same steps through a :class:`Policy`: one SFT step (:meth:`Policy.sft_step`) and the
+RL update (:meth:`Policy.rl_update`: the reference pass :meth:`Policy.reference_logp`, then
+:meth:`Policy.update`).
 
 Memory savers, each a setting of :class:`~haepo_ray.llm.settings.LLMTrainSettings`:
 
