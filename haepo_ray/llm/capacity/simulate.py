@@ -24,6 +24,8 @@ AdamW as torch runs it on CUDA where ``adamw`` is auto (the multi-tensor "foreac
 square root of the second moment is a temporary the size of the trainable weights); ``target="cpu"``
 counts bytes exactly and keeps PyTorch's CPU kernels and AdamW's per-parameter step: the form the
 real step is measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
+Precision ``mixed`` runs under the CPU's autocast on either target (the fake tensors are CPU
+tensors): where CUDA's autocast casts an op differently, a ``cuda`` estimate follows the CPU's.
 
 Reserved memory. The tracker's allocation and free events are replayed through a model of
 CUDA's caching allocator (:mod:`~haepo_ray.llm.capacity.allocator`): ``allocator_reserved``
