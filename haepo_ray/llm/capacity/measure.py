@@ -37,7 +37,7 @@ from haepo_ray.llm.capacity.steps import Shapes, generation_rows, group_sampling
 from haepo_ray.llm.rollout import sample_completions
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["MeasuredPhase", "RealStep", "measure", "measure_cuda", "run_cuda", "time_step"]
+__all__ = ["MeasuredPhase", "PhaseMarks", "RealStep", "measure", "measure_cuda", "phase_peaks", "run_cuda", "time_step"]
 
 _PREFIX = "haepo.phase."
 
@@ -50,7 +50,7 @@ class MeasuredPhase:
     start_bytes: int
 
 
-class _Marks:
+class PhaseMarks:
     """The :class:`~haepo_ray.llm.capacity.steps.Recorder` of a profiled run: phases as ranges."""
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
@@ -69,7 +69,8 @@ def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int) -> Non
                        torch.ones(rows, prompt_tokens, dtype=torch.long), **group_sampling(model, settings))
 
 
-def _phase_peaks(events: list[Any]) -> dict[str, MeasuredPhase]:
+def phase_peaks(events: list[Any]) -> dict[str, MeasuredPhase]:
+    """Each :class:`PhaseMarks` phase's peak from a profiled run's events."""
     cpu = torch.autograd.DeviceType.CPU
     memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == cpu)
     times = [t for t, _ in memory]
@@ -99,11 +100,11 @@ def measure(settings: LLMTrainSettings, config: Any, shapes: Shapes) -> dict[str
     settings = dataclasses.replace(settings, device="cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.weights_dtype)).eval()
-        run_steps(model, settings, shapes, _Marks(), lambda m: _generate(m, settings, shapes.prompt_tokens))
-    return _phase_peaks(prof.profiler.kineto_results.events())
+        run_steps(model, settings, shapes, PhaseMarks(), lambda m: _generate(m, settings, shapes.prompt_tokens))
+    return phase_peaks(prof.profiler.kineto_results.events())
 
 
-class _Timed(_Marks):
+class _Timed(PhaseMarks):
     """Each phase's wall time (a phase entered twice: the sum), the device synchronised around it."""
 
     def __init__(self, device: torch.device) -> None:

@@ -66,7 +66,7 @@ from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.upstream.torch import efficient_attention, fake_mode, flash_attention
 from haepo_ray.upstream.transformers import logits_processors
 
-__all__ = ["RESERVED_PARTS", "TARGETS", "StepEstimate", "simulate"]
+__all__ = ["RESERVED_PARTS", "TARGETS", "StepEstimate", "cuda_attention", "quiet", "simulate"]
 
 TARGETS = {"cuda": 512, "cpu": 1}  # target -> allocation block in bytes
 # the parts of StepEstimate.reserved_bytes
@@ -155,7 +155,9 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
 
 @contextlib.contextmanager
-def _attention(target: str) -> Iterator[None]:
+def cuda_attention(target: str) -> Iterator[None]:
+    """``scaled_dot_product_attention`` as CUDA runs it (the kernel it picks and what that keeps
+    for backward) while ``target`` is ``"cuda"``."""
     if target != "cuda":
         yield
         return
@@ -168,7 +170,7 @@ def _attention(target: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Without two library warnings that a simulation raises and that say nothing of it: peft
     compares the embeddings' data pointers after merging an adapter (fake tensors have none;
     the tied embeddings stay tied), and transformers deprecates the name peft asks for
@@ -250,7 +252,7 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         raise ValueError(f"target must be one of {sorted(TARGETS)}, got {target!r}")
     settings = dataclasses.replace(settings, device="cpu")
     tracker = LiveBytes(TARGETS[target])
-    with _quiet(), fake_mode(), _attention(target), tracker:
+    with quiet(), fake_mode(), cuda_attention(target), tracker:
         with tracker.category("parameters"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.weights_dtype)).eval()
         parameters = sum(p.numel() for p in model.parameters())

@@ -14,7 +14,7 @@ of the model with the trial's settings, then
   and ``num_iterations`` x :meth:`Policy.update`).
 
 Both optimisers are in their steady state: AdamW's moments exist before the step, as from a
-run's second step on (:func:`_warm`). Every prompt is ``prompt_tokens`` long, every completion
+run's second step on (:func:`warm`). Every prompt is ``prompt_tokens`` long, every completion
 and gold summary ``completion_tokens`` (the worst case: every completion runs to
 ``max_new_tokens``).
 """
@@ -34,7 +34,7 @@ from haepo_ray.llm.rollout import Batch
 from haepo_ray.llm.settings import LLMTrainSettings
 
 __all__ = ["PHASES", "RL_PHASES", "Recorder", "Shapes", "generation_calls", "generation_rows", "group_sampling",
-           "run_steps", "token_batch"]
+           "run_steps", "token_batch", "warm"]
 
 PHASES: tuple[str, ...] = ("sft", "generation", "reference", "forward_backward", "optimizer")
 RL_PHASES: tuple[str, ...] = PHASES[1:]  # one RL update
@@ -90,13 +90,13 @@ def group_sampling(model: Any, settings: LLMTrainSettings) -> dict[str, Any]:
             "temperature": settings.temperature}
 
 
-def _warm(policy: Policy, recorder: Recorder) -> None:
+def warm(parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, recorder: Recorder) -> None:
     """One optimiser step on zero gradients: AdamW's moments exist, as in the steady state."""
     with recorder.category("optimizer"):
-        for p in policy.trainable():
+        for p in parameters:
             p.grad = torch.zeros_like(p)
-        policy.optimizer.step()
-        policy.optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: Recorder,
@@ -112,7 +112,7 @@ def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: 
         policy.foreach = foreach
         policy.start_sft()
     recorder.track_module(policy.model)
-    _warm(policy, recorder)
+    warm(policy.trainable(), policy.optimizer, recorder)
     with recorder.phase("sft"):
         rows = settings.sft_batch
         policy.sft_step(token_batch(rows, 1, shapes), rows * shapes.completion_tokens)
@@ -120,7 +120,7 @@ def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: 
     with recorder.category("parameters"):
         policy.start_rl()
     recorder.track_module(policy.model)
-    _warm(policy, recorder)
+    warm(policy.trainable(), policy.optimizer, recorder)
     with recorder.phase("generation"), policy.autocast():
         generate(policy.model)
     group_rows = rows_per_prompt(settings.objective(), settings.group_size)

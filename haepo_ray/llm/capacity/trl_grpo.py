@@ -46,9 +46,9 @@ from typing import Any
 import torch
 
 from haepo_ray.llm.capacity.allocator import replay as replay_allocator
-from haepo_ray.llm.capacity.measure import MeasuredPhase, _Marks, _phase_peaks
-from haepo_ray.llm.capacity.simulate import TARGETS, _attention, _quiet
-from haepo_ray.llm.capacity.steps import Recorder, Shapes
+from haepo_ray.llm.capacity.measure import MeasuredPhase, PhaseMarks, phase_peaks
+from haepo_ray.llm.capacity.simulate import TARGETS, cuda_attention, quiet
+from haepo_ray.llm.capacity.steps import Recorder, Shapes, warm
 from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
 from haepo_ray.upstream.torch import fake_mode
 from haepo_ray.upstream.trl import MetricValues, per_token_logps, triton_folds
@@ -101,15 +101,6 @@ def trl_trainer(args: Any) -> Any:
                        args=args, train_dataset=prompts, processing_class=tokenizer)
 
 
-def _warm(model: Any, optimizer: torch.optim.Optimizer, recorder: Recorder) -> None:
-    """One optimiser step on zero gradients: AdamW's moments exist, as in the steady state."""
-    with recorder.category("optimizer"):
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        optimizer.step()
-        model.zero_grad()
-
-
 def run_trl_step(trainer: Any, build: Callable[[], Any], shapes: Shapes, beta: float, recorder: Recorder) -> None:
     """One optimiser step of TRL's GRPO (module docstring) on ``build()``'s model (and a second
     one as the reference when ``beta`` != 0), prompts and completions as ``shapes`` say."""
@@ -136,7 +127,7 @@ def run_trl_step(trainer: Any, build: Callable[[], Any], shapes: Shapes, beta: f
     if args.activation_checkpointing:  # as Trainer.train does
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=args.activation_checkpointing_kwargs)
     model.train()
-    _warm(model, optimizer, recorder)
+    warm(list(model.parameters()), optimizer, recorder)
 
     rows, micro, group = args.generation_batch_size, args.per_device_train_batch_size, args.num_generations
     batch = {"prompt_ids": torch.zeros(rows, shapes.prompt_tokens, dtype=torch.long),
@@ -185,7 +176,7 @@ def simulate_trl(args: Any, config: Any, shapes: Shapes, *, dtype: torch.dtype, 
     trainer = trl_trainer(args)
     tracker = LiveBytes(TARGETS[target])
     folds = triton_folds() if target == "cuda" else contextlib.nullcontext()
-    with _quiet(), fake_mode(), _attention(target), folds, tracker, MetricValues():
+    with quiet(), fake_mode(), cuda_attention(target), folds, tracker, MetricValues():
         run_trl_step(trainer, _builder(config, dtype), shapes, beta, tracker)
     return TRLStep(dict(tracker.peaks), replay_allocator(tracker.events).reserved)
 
@@ -198,5 +189,5 @@ def measure_trl(args: Any, config: Any, shapes: Shapes, *, dtype: torch.dtype,
 
     trainer = trl_trainer(args)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run_trl_step(trainer, _builder(config, dtype), shapes, beta, _Marks())
-    return _phase_peaks(prof.profiler.kineto_results.events())
+        run_trl_step(trainer, _builder(config, dtype), shapes, beta, PhaseMarks())
+    return phase_peaks(prof.profiler.kineto_results.events())
