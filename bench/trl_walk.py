@@ -2,10 +2,11 @@
 
 Rows, each in bfloat16 and float32 (the paper's TL;DR GRPO: 38 GB on an A100 40GB):
 
-- (a) this project's GRPO at the paper's settings (``tune_configs/paper/tldr_grpo.yaml``: 4
-  prompts x 4 completions, 48 new tokens, micro-batches of 4, prompts of 512, beta_kl 1e-2),
-  then :data:`SWITCH_ROWS`: the implementation switches of ``LLMTrainSettings`` turned one at
-  a time, cumulatively, towards TRL's way of running the step;
+- (a) this project's HAEPO and GRPO at the paper's settings (``tune_configs/paper/tldr_*.yaml``:
+  4 prompts x 4 completions, 48 new tokens, micro-batches of 4, prompts of 512, beta_kl 1e-2),
+  then :data:`SWITCH_ROWS`: GRPO with the implementation switches of ``LLMTrainSettings`` and
+  TRL's default shapes turned one at a time, cumulatively, towards TRL's default step (the
+  last of them is (c) at beta 0 run by this project's code);
 - (b) TRL's GRPO step (``haepo_ray.llm.capacity.trl_grpo``, the installed TRL) at the same
   settings: ``per_device_train_batch_size`` 4, ``num_generations`` 4, 4 accumulation steps,
   ``max_completion_length`` 48, ``beta`` 0.01, no checkpointing; weights in the row's dtype,
@@ -48,12 +49,19 @@ MODEL = "qwen2.5-1.5b"
 PROMPT_TOKENS = 512
 DTYPES = ("bfloat16", "float32")
 # (label, LLMTrainSettings changes): cumulative, from this project's GRPO towards TRL's step.
-# TRL's AdamW is torch's fused one (the HF Trainer's default), which no switch value gives.
+# TRL's AdamW is torch's fused one (the HF Trainer's default), which no switch value gives:
+# per_parameter is the nearest (neither holds the multi-tensor step's temporaries).
 SWITCH_ROWS: list[tuple[str, dict]] = [
     ("+ logits chunked (TRL's fused LM head)", {"logits": "chunked"}),
     ("+ generation batch (one generate call for the batch)", {"generation": "batch"}),
     ("+ precision mixed (float32 weights, bfloat16 passes: TRL's default)",
      {"precision": "mixed", "dtype": "bfloat16"}),
+    ("+ TRL's default shapes (1 prompt x 8 completions of 512 tokens, one micro-batch)",
+     {"batch_prompts": 1, "group_size": 8, "max_new_tokens": 512, "micro_batch_size": 0}),
+    ("+ gradient checkpointing (TRL's default)", {"gradient_checkpointing": True}),
+    ("+ no reference (beta 0: TRL's default)", {"reference": "none", "beta_kl": 0.0}),
+    ("+ AdamW one parameter at a time (the nearest to TRL's fused AdamW: no multi-tensor temporaries)",
+     {"adamw": "per_parameter"}),
 ]
 PAPER = {"batch_prompts": 4, "group_size": 4, "max_new_tokens": 48, "micro_batch_size": 4}
 TRL_PAPER = {"per_device_train_batch_size": 4, "num_generations": 4, "gradient_accumulation_steps": 4,
@@ -69,8 +77,8 @@ def _top(categories: dict[str, int]) -> str:
                                                           reverse=True)[:3])
 
 
-def _ours(label: str, **changes) -> dict:
-    settings = LLMTrainSettings(model=MODEL, algo="GRPO", **PAPER, **changes)
+def _ours(label: str, algo: str = "GRPO", **changes) -> dict:
+    settings = LLMTrainSettings(model=MODEL, algo=algo, **PAPER | changes)
     start = time.perf_counter()
     est = estimate(settings, prompt_tokens=PROMPT_TOKENS)
     step = max(("reference", "forward_backward", "optimizer"), key=lambda p: est.phases[p].peak_bytes)
@@ -102,6 +110,7 @@ def _trl(label: str, dtype: str, beta: float, shapes: Shapes, **overrides) -> di
 def rows() -> list[dict]:
     out = []
     for dtype in DTYPES:
+        out.append(_ours("(a) this project's HAEPO, paper settings", "HAEPO", dtype=dtype))
         out.append(_ours("(a) this project's GRPO, paper settings", dtype=dtype))
         changes = {"dtype": dtype}
         for label, change in SWITCH_ROWS:
