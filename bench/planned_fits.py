@@ -3,7 +3,8 @@
 For each of ``tune_configs/paper/tldr_{haepo,grpo,dpo}.yaml``, each model and each GPU memory,
 the spec with ``llm.model`` and ``llm.gpu_memory_gb`` changed goes through ``haepo sweep
 --dry-run``'s own code (``parse_plan`` then :func:`haepo_ray.sweep.dry_run.dry_run`): the
-trials' plans as the dry run prints them, or the refusal it raises. One process, so each
+trials' plans as the dry run prints them (and, when planned, every combination the plan
+simulated), or the refusal it raises. One process, so each
 distinct memory configuration is simulated once (``estimate`` is cached).
 
     .venv/bin/python bench/planned_fits.py OUT.md [--models ...] [--gib 40 24 16]
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.plan import parse_plan
 from haepo_ray.sweep.spec import SpecError, load_yaml
@@ -32,13 +34,20 @@ def _one(spec: dict, model: str, gib: float) -> tuple[str, str]:
     spec["llm"] |= {"model": model, "gpu_memory_gb": gib}
     out = io.StringIO()
     try:
-        dry_run(parse_plan(spec, f"{spec['name']}.yaml"), out=out)
+        plan = parse_plan(spec, f"{spec['name']}.yaml")
+        dry_run(plan, out=out)
     except SpecError as err:
         return "refused", str(err)
     lines = out.getvalue().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("trial"))
     trials = "\n".join(lines[start:start + 5])
-    return "planned" if " planned " in trials else "fits as given", trials
+    if " planned " not in trials:
+        return "fits as given", trials
+    fitted = plan.fitted(Cluster.unknown())  # the dry run's plan again, from the cached simulations
+    considered = next(iter(fitted.fit.plans.values())).considered
+    rows = [f"{c.micro_batch_size or 'whole'}  {'on' if c.gradient_checkpointing else 'off'}  "
+            f"reserved {c.estimate.reserved_gib:.3g} GiB  hours {c.estimate.seconds / 3600:.3g}" for c in considered]
+    return "planned", trials + "\n\nconsidered (micro_batch_size, checkpointing):\n" + "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
