@@ -8,7 +8,8 @@ gives every algorithm), the env, the resources, and the settings by name
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -93,8 +94,54 @@ def apply_resources(config: AlgorithmConfig, cpus: float, gpus: float) -> Algori
     return config
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _schedule_of(ok: Callable[[float], bool]) -> Callable[[Any], bool]:
+    """A value ``ok`` takes, or an RLlib schedule ``[[timestep, value], ...]`` of such values."""
+    def check(value: Any) -> bool:
+        if isinstance(value, (list, tuple)):
+            return bool(value) and all(isinstance(p, (list, tuple)) and len(p) == 2 and _integer(p[0], 0)
+                                       and _finite(p[1]) and ok(p[1]) for p in value)
+        return _finite(value) and ok(value)
+    return check
+
+
+# RLlib's own training settings that its validate() lets through out of range: attribute ->
+# (check, what it must be), named in errors as specs name them (lambda). Only those an
+# algorithm's config has are checked (lambda_, clip_param ... are PPO's).
+SETTING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "lr": (_schedule_of(lambda v: v > 0), "a finite number > 0, or a schedule [[timestep, value], ...] of them"),
+    "gamma": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "grad_clip": (lambda v: v is None or (_finite(v) and v > 0), "null or a finite number > 0"),
+    "num_epochs": (lambda v: _integer(v, 1), "an integer >= 1"),
+    "num_env_runners": (lambda v: _integer(v, 0), "an integer >= 0"),
+    "num_envs_per_env_runner": (lambda v: _integer(v, 1), "an integer >= 1"),
+    "train_batch_size_per_learner": (lambda v: v is None or _integer(v, 1), "null or an integer >= 1"),
+    "minibatch_size": (lambda v: v is None or _integer(v, 1), "null or an integer >= 1"),
+    "lambda_": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "clip_param": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "vf_clip_param": (lambda v: (_finite(v) or v == math.inf) and v > 0, "a number > 0 (inf: no clipping)"),
+    "vf_loss_coeff": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "entropy_coeff": (_schedule_of(lambda v: v >= 0), "a finite number >= 0, or a schedule of them"),
+    "kl_coeff": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+}
+
+
 def validate(config: AlgorithmConfig) -> AlgorithmConfig:
-    """``config.validate()``, its error without RLlib's "To suppress ..." boilerplate."""
+    """:data:`SETTING_RULES`, then ``config.validate()`` (without RLlib's once-per-process
+    notice that the new API stack is on: haepo-ray always runs on it), its error without
+    RLlib's "To suppress ..." boilerplate."""
+    for name, (ok, words) in SETTING_RULES.items():
+        if hasattr(config, name) and not ok(getattr(config, name)):
+            raise ValueError(f"{config.algo_class.__name__}: {name.rstrip('_')} must be {words}, "
+                             f"got {getattr(config, name)!r}")
+    rllib_internals.mute_new_stack_notice(config)
     try:
         config.validate()
     except Exception as err:

@@ -167,6 +167,7 @@ def test_smoke_dry_run_from_the_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "4 trials:" in proc.stdout and "lr" in proc.stdout and "seed" in proc.stdout
     assert not (tmp_path / ".haepo").exists()
+    assert "new API stack" not in proc.stderr  # RLlib's notice: every haepo-ray config runs on it
 
 
 # --------------------------------------------------------------------------- the format
@@ -347,6 +348,36 @@ def test_trial_resources_cpus_and_fractional_gpus():
     assert spec.trial_resources() == {"CPU": 2.0, "GPU": 0.5}
     spec = parse_plan(_spec(resources={"cpus": 2}), "cpu.yaml")
     assert spec.trial_resources() == {"CPU": 2.0}
+
+
+@pytest.mark.parametrize(("algorithm", "setting", "value", "must"), [
+    ("HAEPO", "lr", -1, "a finite number > 0, or a schedule"),
+    ("HAEPO", "lr", 0.0, "a finite number > 0, or a schedule"),
+    ("HAEPO", "lr", float("nan"), "a finite number > 0, or a schedule"),
+    ("HAEPO", "lr", [[0, 1e-2], [100, -1e-3]], "a finite number > 0, or a schedule"),
+    ("HAEPO", "gamma", 1.5, "a number in [0, 1]"),
+    ("HAEPO", "grad_clip", -0.5, "null or a finite number > 0"),
+    ("HAEPO", "num_env_runners", -1, "an integer >= 0"),
+    ("PPO", "clip_param", 0.0, "a finite number > 0"),
+    ("PPO", "lambda", 2.0, "a number in [0, 1]"),
+    ("PPO", "vf_clip_param", float("nan"), "a number > 0 (inf: no clipping)"),
+])
+def test_rllib_settings_out_of_range_are_named_as_the_betas_are(tmp_path, algorithm, setting, value, must):
+    """RLlib's own validate() lets these through (lr -1 trained with the gradient reversed)."""
+    message = _error(tmp_path, _spec(algorithm=algorithm, settings={"num_env_runners": 0, setting: value},
+                                     search_space={"seed": {"grid": [0]}}))
+    assert f": settings: {algorithm}: {setting} must be {must}" in message, message
+    assert f"got {value!r}" in message
+
+
+def test_rllib_settings_in_range_pass_and_a_searched_one_out_of_range_names_its_trial(tmp_path):
+    seeds = {"seed": {"grid": [0]}}
+    parse_plan(_spec(settings={"lr": [[0, 1e-2], [1000, 1e-3]], "gamma": 1.0, "grad_clip": None},
+                     search_space=seeds), "ok.yaml")
+    parse_plan(_spec(algorithm="PPO", settings={"vf_clip_param": float("inf")}, search_space=seeds), "ok.yaml")
+    plan = parse_plan(_spec(search_space={"lr": {"grid": [1e-3, -1e-3]}}), "grid.yaml")
+    with pytest.raises(SpecError, match=r"grid\.yaml: trial 1 \{'lr': -0\.001\}: HAEPO: lr must be a finite number > 0"):
+        dry_run(plan, out=io.StringIO())
 
 
 def test_dry_run_names_the_trial_whose_config_is_invalid():

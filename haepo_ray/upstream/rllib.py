@@ -126,6 +126,15 @@ class SamplingHooks(SingleAgentEnvRunner):
         return super()._increase_sampled_metrics(num_steps, num_episodes_completed)
 
 
+def mute_new_stack_notice(config) -> None:
+    """Mark as logged the warning ``AlgorithmConfig.validate`` prints once per process and
+    algorithm that the new API stack is on by default (its ``log_once`` key), which every
+    haepo-ray config is: a dry run or a trial prints nothing the user did not cause."""
+    from ray.util.debug import log_once
+
+    log_once(f"{config.algo_class.__name__}_on_new_api_stack")
+
+
 def config_error(config, message: str) -> None:
     """``AlgorithmConfig._value_error``: a validation error as RLlib's own checks raise it."""
     config._value_error(message)
