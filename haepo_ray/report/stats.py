@@ -2,7 +2,7 @@
 pure function of plain numbers: the mean and its Student-t confidence interval over seeds, the
 area under an evaluation curve, and a win rate of paired scores.
 
-The t quantile is SciPy's (``scipy.stats.t``; SciPy is a requirement of MLflow's).
+The t quantile is SciPy's (``scipy.stats.t``).
 """
 
 from __future__ import annotations
