@@ -59,7 +59,7 @@ from haepo_ray.llm.capacity.steps import (
     group_sampling,
     run_steps,
 )
-from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
+from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak, PhasePeaks
 from haepo_ray.llm.policy import model_passes
 from haepo_ray.llm.rollout import sampling_kwargs
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
@@ -75,7 +75,7 @@ RESERVED_PARTS = ("allocator_reserved", "cublas_workspace_bytes", "allreduce_res
 
 
 @dataclass(frozen=True)
-class StepEstimate:
+class StepEstimate(PhasePeaks):
     """Peak live bytes and FLOPs per phase of one trial's steps (:data:`~.steps.PHASES`)."""
 
     algo: str
@@ -94,14 +94,6 @@ class StepEstimate:
     allreduce_buffer_bytes: int = 0  # the flat gradient all-reduced when workers > 1
     allreduce_reserved_bytes: int = 0  # the segment that buffer needs (an upper bound: it may reuse a cached one)
     nccl_buffer_bytes: int = 0  # NCCL's communication buffers when workers > 1 (not in PyTorch's reserved)
-
-    @property
-    def peak_phase(self) -> str:
-        return max(self.phases, key=lambda p: self.phases[p].peak_bytes)
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.phases[self.peak_phase].peak_bytes
 
     @property
     def allocated_bytes(self) -> int:

@@ -36,7 +36,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from haepo_ray.upstream.torch import TorchDispatchMode, flop_key, in_backward, tree_flatten
 
-__all__ = ["CATEGORIES", "KERNEL_TEMPORARIES", "LiveBytes", "PhasePeak", "Watermark"]
+__all__ = ["CATEGORIES", "KERNEL_TEMPORARIES", "LiveBytes", "PhasePeak", "PhasePeaks", "Watermark"]
 
 CATEGORIES: tuple[str, ...] = ("parameters", "buffers", "gradients", "optimizer", "kv_cache", "activations",
                                "temporaries")
@@ -68,6 +68,20 @@ class PhasePeak:
     categories: dict[str, int]
     start_bytes: int
     flops: int
+
+
+class PhasePeaks:
+    """A step's ``phases`` (name -> :class:`PhasePeak`) and the one with the most bytes live."""
+
+    phases: dict[str, PhasePeak]
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda p: self.phases[p].peak_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.phases[self.peak_phase].peak_bytes
 
 
 @dataclass(eq=False)  # each one is its own: identity, not values

@@ -49,7 +49,7 @@ from haepo_ray.llm.capacity.allocator import replay as replay_allocator
 from haepo_ray.llm.capacity.measure import MeasuredPhase, PhaseMarks, phase_peaks
 from haepo_ray.llm.capacity.simulate import TARGETS, cuda_attention, quiet
 from haepo_ray.llm.capacity.steps import Recorder, Shapes, warm
-from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak
+from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak, PhasePeaks
 from haepo_ray.upstream.torch import fake_mode
 from haepo_ray.upstream.trl import MetricValues, per_token_logps, triton_folds
 
@@ -59,20 +59,12 @@ TRL_PHASES: tuple[str, ...] = ("old_policy", "reference", "forward_backward", "o
 
 
 @dataclass(frozen=True)
-class TRLStep:
+class TRLStep(PhasePeaks):
     """Each phase's peak of TRL's simulated step (phases it does not run are absent) and the
     caching allocator's replayed peak reserved bytes."""
 
     phases: dict[str, PhasePeak]
     allocator_reserved: int
-
-    @property
-    def peak_phase(self) -> str:
-        return max(self.phases, key=lambda p: self.phases[p].peak_bytes)
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.phases[self.peak_phase].peak_bytes
 
 
 def grpo_args(**overrides: Any) -> Any:
