@@ -96,7 +96,9 @@ def store(tmp_path_factory) -> str:
         for seed in seeds:
             run_id = client.create_run(exp, tags={
                 names.PARENT_RUN: parent, names.ROLE: "trial", names.ALGORITHM: algorithm, names.SEED: str(seed),
-                names.SEARCH_VALUES: json.dumps({"algorithm": algorithm, "seed": seed, **values}), **subject}).info.run_id
+                # as a sweep writes them: a method with settings of its own as {"algo": .., setting: ..}
+                names.SEARCH_VALUES: json.dumps({"algorithm": {"algo": algorithm, **values} if values else algorithm,
+                                                 "seed": seed}), **subject}).info.run_id
             client.log_batch(run_id, metrics=_metrics(base, seed))
             folder = root / "files" / run_id
             folder.mkdir(parents=True)

@@ -36,7 +36,9 @@ ENTROPY_KEYS = names.POLICY_ENTROPY_KEYS
 SEED_KEYS = ("seed",)
 FINISHED = "FINISHED"
 # Search values a language-model trial's tags already name (its algorithm, model and data set:
-# a sweep over algorithms has "algorithm" in its search space); not part of its configuration.
+# a sweep over algorithms has "algorithm" in its search space); not part of its configuration,
+# except the settings of a method (an "algorithm" value {"algo": "HAEPO", "length_normalize": true}:
+# haepo_ray.sweep.llm_plan), which are.
 LLM_TAGGED_KEYS = ("algorithm", "model", "data")
 
 
@@ -171,7 +173,10 @@ def _trial(experiment: str, run) -> Trial:
     seed = next((values.pop(k) for k in SEED_KEYS if k in values), tags.get(names.SEED))
     model = tags.get(names.MODEL)
     if model is not None:
+        method = values.get("algorithm")
         values = {k: v for k, v in values.items() if k not in LLM_TAGGED_KEYS}
+        if isinstance(method, dict):
+            values |= {k: v for k, v in method.items() if k != "algo"}
     return Trial(experiment=experiment, run_id=run.info.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
                  env=tags.get(names.ENV, "?"), seed=seed, config=values, params=dict(run.data.params),
                  curves=pd.DataFrame(), model=model, data=tags.get(names.DATA), status=run.info.status,

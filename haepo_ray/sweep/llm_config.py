@@ -1,5 +1,6 @@
 """A language-model trial's config: the :class:`~haepo_ray.llm.settings.LLMTrainSettings`
-fields, plus ``ray_train`` (its workers and checkpoints) and, in a fitted plan, ``gpu_memory``
+fields, plus ``ray_train`` (its workers and checkpoints), ``method`` where the spec's algorithms
+include one with settings of its own (the method as written; the fields hold its values) and, in a fitted plan, ``gpu_memory``
 (its estimate) and ``fit`` (the memory settings it runs with: :mod:`haepo_ray.sweep.llm_fit`). The plan writes it
 (:mod:`haepo_ray.sweep.llm_plan`), the trial reads it (:mod:`haepo_ray.sweep.llm_trainable`)."""
 
@@ -9,16 +10,17 @@ from typing import Any
 
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, PLANNED
 
-__all__ = ["RAY_TRAIN", "trial_settings"]
+__all__ = ["METHOD", "RAY_TRAIN", "trial_settings"]
 
 RAY_TRAIN = "ray_train"  # the trial config's key for the workers and checkpoints
+METHOD = "method"  # the trial config's key for its method (haepo_ray.sweep.llm_plan)
 
 
 def trial_settings(config: dict[str, Any], device: str = "cpu"):
     """A trial config as :class:`~haepo_ray.llm.settings.LLMTrainSettings` (without
-    ``ray_train``, ``gpu_memory`` and ``fit``), with the settings its ``fit`` entry chose."""
+    ``ray_train``, ``method``, ``gpu_memory`` and ``fit``), with the settings its ``fit`` entry chose."""
     from haepo_ray.llm.settings import LLMTrainSettings
 
     chosen = {name: config[FIT_KEY][name] for name in PLANNED if name in config.get(FIT_KEY, {})}
-    return LLMTrainSettings(**{k: v for k, v in config.items() if k not in (RAY_TRAIN, CONFIG_KEY, FIT_KEY)}
+    return LLMTrainSettings(**{k: v for k, v in config.items() if k not in (RAY_TRAIN, METHOD, CONFIG_KEY, FIT_KEY)}
                             | chosen | {"device": device})

@@ -12,6 +12,13 @@ Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``,
 device from ``llm.use_gpu``. ``beta_ent`` and ``beta_kl`` are refused where the trials include
 DPO, whose loss has no such term (:data:`~haepo_ray.llm.settings.NOT_DPO`).
 
+Methods: a value of ``search_space.algorithm`` is an algorithm (``GRPO``) or an algorithm with
+settings of its own, a one-key map (``{HAEPO: {length_normalize: true}}``): a method, which the
+report shows as ``HAEPO (length_normalize=True)``. With such a value the trial config's
+``method`` holds the trial's method as written (``{algo: HAEPO, length_normalize: true}``; the
+search values' ``algorithm``) and ``algo`` and each setting a method sets follow from it (Tune's
+``sample_from``): MLflow logs the values each trial ran with.
+
 GPU memory: :meth:`LLMPlan.fitted` holds the plan to the cluster's GPUs before launch
 (:mod:`haepo_ray.sweep.llm_fit`); the fitted plan's trial configs carry their estimates
 (``gpu_memory``), the memory settings they run with (``fit``: with ``llm.fit: auto`` a trial
@@ -22,12 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from haepo_ray import names
 from haepo_ray.sweep.cluster import Cluster, require_gpus
-from haepo_ray.sweep.llm_config import RAY_TRAIN, trial_settings
+from haepo_ray.sweep.llm_config import METHOD, RAY_TRAIN, trial_settings
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, SweepSpec
@@ -89,6 +98,7 @@ class LLMPlan(Plan):
                 errors.append(f"{source}: {section}: give either batch_size or batch_prompts, not both")
         for name in sorted(set(spec.settings) & set(spec.search_space)):
             errors.append(f"{source}: {name}: in both settings and search_space; keep one")
+        errors += _method_errors(spec, allowed)
         if errors:
             raise SpecError("\n".join(errors))
         llm = spec.llm
@@ -102,6 +112,8 @@ class LLMPlan(Plan):
             "keep_checkpoints": spec.keep_checkpoints,
         }
         keys = {name: RENAMES.get(name, name) for name in spec.search_space}
+        if _methods(spec) is not None:
+            keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
         plan._check_dpo_settings()
         return plan
@@ -113,12 +125,15 @@ class LLMPlan(Plan):
 
         spec = self.spec
         searched = spec.algorithm is None
-        if "DPO" not in (spec.search_space["algorithm"].values if searched else [spec.algorithm]):
+        methods = [method_of(v) for v in spec.search_space["algorithm"].values] if searched else [method_of(spec.algorithm)]
+        dpo = [m for m in methods if m["algo"] == "DPO"]
+        if not dpo:
             return
         errors = [f"{spec.source or '<spec>'}: {section}.{name}: DPO trials would ignore it: DPO's loss has no "
                   "entropy bonus and no KL penalty (its pull towards the reference policy is dpo_beta); remove "
                   f"{name}" + (", or sweep DPO in a spec of its own" if searched else "")
-                  for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space))
+                  for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space),
+                                           *(("search_space.algorithm.DPO", m) for m in dpo))
                   for name in NOT_DPO if name in mapping]
         if errors:
             raise SpecError("\n".join(errors))
@@ -145,6 +160,22 @@ class LLMPlan(Plan):
         from haepo_ray.llm.train import GENERATIONS_FILE
 
         return (GENERATIONS_FILE,)
+
+    @cached_property
+    def param_space(self) -> dict[str, Any]:
+        """Tune's ``param_space``; with methods (module docstring), ``algo`` and each setting a
+        method sets follow from the trial's ``method``."""
+        space = super().param_space
+        methods = _methods(self.spec)
+        if methods is not None:
+            from ray import tune
+
+            dim = self.spec.search_space["algorithm"]
+            space[METHOD] = dim.model_copy(update={"values": methods}).to_tune()
+            for key in sorted({k for m in methods for k in m}):
+                default = self.base_config[key]
+                space[key] = tune.sample_from(lambda spec, key=key, default=default: spec.config[METHOD].get(key, default))
+        return space
 
     def base_space(self) -> dict[str, Any]:
         """The base config, and in a fitted plan each trial's estimate and GPU share."""
@@ -219,8 +250,9 @@ class LLMPlan(Plan):
     def _describe(self, values: dict[str, Any]) -> str:
         """A trial for messages: its algorithm and search values, e.g. ``GRPO, group_size 16``."""
         values = dict(values)
-        algorithm = values.pop("algorithm", self.spec.algorithm)
-        return ", ".join([str(algorithm), *(f"{name} {value}" for name, value in values.items())])
+        method = method_of(values.pop("algorithm", self.spec.algorithm))
+        algorithm = method.pop("algo")
+        return ", ".join([algorithm, *(f"{name} {value}" for name, value in {**method, **values}.items())])
 
     def estimate_of(self, values: dict[str, Any]):
         """The fitted plan's :class:`~haepo_ray.sweep.llm_fit.TrialEstimate` of a planned trial (of
@@ -326,8 +358,58 @@ class LLMPlan(Plan):
 
 
 def _renamed(values: dict[str, Any]) -> dict[str, Any]:
-    """Spec names -> LLMTrainSettings fields."""
-    return {RENAMES.get(k, k): v for k, v in values.items()}
+    """Spec names -> LLMTrainSettings fields; a method (``algorithm``) gives ``algo`` and its settings."""
+    renamed = {RENAMES.get(k, k): v for k, v in values.items() if k != "algorithm"}
+    return renamed | (method_of(values["algorithm"]) if "algorithm" in values else {})
+
+
+def method_of(value: Any) -> dict[str, Any]:
+    """A value of ``search_space.algorithm`` (or ``algorithm``) as a method: ``{"algo": name,
+    **settings}``; a resolved method (the trial config's ``method``) is returned as it is."""
+    if isinstance(value, Mapping):
+        if "algo" in value:
+            return dict(value)
+        (name, settings), = value.items()
+        return {"algo": name, **settings}
+    return {"algo": value}
+
+
+def _methods(spec: SweepSpec) -> list[dict[str, Any]] | None:
+    """The methods of ``search_space.algorithm`` when one has settings of its own, else None."""
+    dim = spec.search_space.get("algorithm")
+    if dim is None or not any(isinstance(v, Mapping) for v in dim.values):
+        return None
+    return [method_of(v) for v in dim.values]
+
+
+def _method_errors(spec: SweepSpec, allowed: list[str]) -> list[str]:
+    """What is wrong with the methods of ``search_space.algorithm``: a map that is not one
+    algorithm with a map of settings, a setting that is not one or that the spec also sets."""
+    from haepo_ray.llm.settings import ALGORITHMS
+
+    dim = spec.search_space.get("algorithm")
+    where = f"{spec.source or '<spec>'}: search_space.algorithm"
+    errors = []
+    for value in dim.values if dim is not None else ():
+        if not isinstance(value, Mapping):
+            continue
+        if len(value) != 1 or next(iter(value)) not in ALGORITHMS or not isinstance(next(iter(value.values())), Mapping):
+            errors.append(f"{where}: {value!r}: a method is one algorithm ({', '.join(ALGORITHMS)}) with a map of its "
+                          "settings, e.g. {HAEPO: {length_normalize: true}}")
+            continue
+        if dim.kind not in ("grid", "choice"):
+            errors.append(f"{where}: methods with settings of their own need grid or choice, not {dim.kind}")
+        (name, settings), = value.items()
+        for key in settings:
+            if key not in allowed or key == "seed":
+                errors.append(f"{where}.{name}.{key}: not a setting a method can set; allowed: "
+                              f"{', '.join(k for k in allowed if k != 'seed')}")
+            elif key in spec.settings or key in spec.search_space:
+                errors.append(f"{where}.{name}.{key}: also in {'settings' if key in spec.settings else 'search_space'}; "
+                              "keep one")
+    if errors == [] and dim is not None and spec.search.algorithm == "optuna" and _methods(spec) is not None:
+        errors.append(f"{where}: methods with settings of their own need search.algorithm grid or random, not optuna")
+    return errors
 
 
 def _worker_resources(spec: SweepSpec) -> dict[str, float | str]:
