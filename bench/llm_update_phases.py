@@ -16,6 +16,12 @@ the run's mean prompt length) at this machine's float32 matrix-multiply rate on 
 - ``eval``: the held-out evaluation once, its greedy and sampled completions of
   ``eval_prompts`` prompts (no roofline: reported as measured).
 
+Each run's wall and CPU seconds come with it. Then the spec's sweep, estimated from these
+figures: each trial's model loading, ``rl_updates`` updates and its evaluations (every
+``eval_every`` and the last) at its algorithm's measured times (a method with settings of its
+own at its algorithm's), plus one SFT per seed (the trials of a seed share it), divided by the
+trials run at once (``max_concurrent_trials``).
+
     .venv/bin/python bench/llm_update_phases.py OUT.json [--algo HAEPO GRPO DPO] [--updates 4]
                                                 [--threads 1] [--set lora_r=0 ...]
 """
@@ -68,6 +74,7 @@ def spec_settings(changes: dict[str, str]) -> dict:
 
 
 def measure(settings: LLMTrainSettings, gflops: float) -> dict:
+    wall, cpu = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as out:
         run = LLMRun(settings, out)
         try:
@@ -89,7 +96,29 @@ def measure(settings: LLMTrainSettings, gflops: float) -> dict:
             "roofline_s": roofline, "ratio": {p: per_update[p] / roofline[p] for p in roofline},
             "update_s": sum(per_update.values()), "update_roofline_s": sum(roofline.values()),
             "eval_s": last["eval"], "sft_s": last["sft"], "load_s": last["load"],
+            "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
             "tflop_per_update": sum(est.phases[q].flops for parts in ROOFLINE.values() for q in parts) / 1e12}
+
+
+def sweep_estimate(rows: list[dict]) -> dict:
+    """The ranked spec's wall time from the measured ``rows`` (module docstring), in seconds."""
+    from haepo_ray.sweep.plan import load_plan
+    from haepo_ray.sweep.planned import planned_trials
+
+    plan = load_plan(SPEC)
+    measured = {r["algo"]: r for r in rows}
+    trials = [plan.trial_config(t.values) for t in planned_trials(plan)]
+    missing = sorted({t.algo for t in trials} - set(measured))
+    if missing:
+        return {"missing": missing}
+    total = 0.0
+    for t in trials:
+        r = measured[t.algo]
+        evaluations = len({u for u in range(1, t.rl_updates + 1) if u == t.rl_updates or (t.eval_every and u % t.eval_every == 0)})
+        total += r["load_s"] + t.rl_updates * r["update_s"] + evaluations * r["eval_s"]
+    seeds = {t.seed for t in trials}
+    total += len(seeds) * max(r["sft_s"] for r in rows)
+    return {"trials": len(trials), "at_once": plan.spec.max_concurrent_trials, "seconds": total / plan.spec.max_concurrent_trials}
 
 
 def table(result: dict) -> str:
@@ -105,6 +134,12 @@ def table(result: dict) -> str:
                  f"{r['update_s']:.1f} ({r['update_s'] / r['update_roofline_s']:.1f}x)", f"{r['eval_s']:.0f}",
                  f"{r['sft_s']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"{r['algo']}: {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} CPU-s" for r in result["rows"]]
+    sweep = result["sweep"]
+    lines.append(f"{SPEC.name}, estimated: missing {', '.join(sweep['missing'])}" if "missing" in sweep else
+                 f"{SPEC.name}, estimated: {sweep['seconds'] / 3600:.2f} h ({sweep['trials']} trials, "
+                 f"{sweep['at_once']} at once)")
     return "\n".join(lines) + "\n"
 
 
@@ -127,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = LLMTrainSettings(**fields, algo=algo)
         result["settings"] = dataclasses.asdict(settings) | {"algo": None}
         result["rows"].append(measure(settings, gflops))
+        result["sweep"] = sweep_estimate(result["rows"])
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result["rows"][-1]), flush=True)
     print(table(result))

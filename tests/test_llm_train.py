@@ -90,13 +90,24 @@ def test_output_files_follow_the_documented_schema(tmp_path, common_words):
 
 def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, common_words):
     """The held-out prompts (none of whose texts SFT or RL sees) are evaluated after updates 2
-    and 3 (eval_every 2, and the last), in chunks of batch_prompts: the row's eval/greedy means
-    are those of generations.jsonl's records, whose parts are rewards.py's of their texts."""
-    settings = _settings(sft_examples=2, sft_batch=2, rl_updates=3, eval_every=2, eval_prompts=3, group_size=2)
-    run = LLMRun(settings, tmp_path, reward_fn=common_words)
+    and 3 (eval_every 2, and the last), eval_batch prompts per call, each with a greedy
+    completion and eval_samples sampled: the row's eval/greedy means are those of
+    generations.jsonl's records, whose parts are rewards.py's of their texts."""
+    settings = _settings(sft_examples=2, sft_batch=2, rl_updates=3, eval_every=2, eval_prompts=3, group_size=2,
+                         eval_batch=2, eval_samples=3)
+    scored = []  # texts per reward call
+
+    def reward(texts, examples):
+        scored.append(len(texts))
+        return common_words(texts, examples)
+
+    run = LLMRun(settings, tmp_path, reward_fn=reward)
     run.sft()
     rows = list(run.rl())
     run.close()
+    training = settings.batch_prompts * settings.group_size
+    evaluation = [2, 2 * 3, 1, 1 * 3]  # per call of 2 then 1 prompts: greedy, then sampled
+    assert scored == [training, training, *evaluation, training, *evaluation]
     held_out = [e.prompt_id for e in run.splits.eval]
     trained = {e.source for e in run.splits.sft + run.splits.rl}
     assert len(held_out) == 3 and not trained & {e.source for e in run.splits.eval}

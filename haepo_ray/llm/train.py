@@ -42,9 +42,10 @@ human-evaluation form read it):
   their sum is the writing of rows and checkpoints.
 - The held-out evaluation, after the last update and every ``eval_every`` updates if > 0:
   the ``eval_prompts`` held-out prompts (:func:`~haepo_ray.llm.data.split_examples`: no SFT or
-  RL example has their source text) get a greedy completion each and ``group_size`` sampled
-  at ``temperature`` (the seeds of update 0, which no training update has: the same at every
-  evaluation). That update's row gains ``"eval": {"greedy": {...}, "sampled": {...}}``, each
+  RL example has their source text) get a greedy completion each and ``eval_samples`` sampled
+  at ``temperature``, ``eval_batch`` prompts per generation call (sampled from the seed of
+  update 0, which no training update has, at the call's first prompt: the same at every
+  evaluation and for every algorithm). That update's row gains ``"eval": {"greedy": {...}, "sampled": {...}}``, each
   the means over its completions of :data:`haepo_ray.names.LLM_EVAL_METRICS`: ``reward_mean``,
   the reward's parts ``token_f1``, ``semantic_similarity`` (its cosine part) and
   ``length_closeness``, ``rouge_l``, ``completion_length``, ``profanity_rate`` and ``kl`` (as
@@ -357,7 +358,7 @@ class LLMRun:
         s, tokenizer, held_out = self.settings, self.tokenizer, self.splits.eval
         scores: dict[str, dict[str, list[float]]] = {mode: {} for mode in names.LLM_EVAL_MODES}
         texts: dict[str, list[str]] = {mode: [] for mode in names.LLM_EVAL_MODES}
-        for c in chunks(len(held_out), s.batch_prompts):
+        for c in chunks(len(held_out), s.eval_batch):
             chosen = held_out[c]
             prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in chosen]
             positions = range(c.start, c.stop)
@@ -367,10 +368,10 @@ class LLMRun:
                     "greedy": (*generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
                                          min_new_tokens=1, greedy=True), chosen),
                     "sampled": (*sample_groups(self.model, tokenizer, prompts, seeds, positions,
-                                               group_size=s.group_size, max_new_tokens=s.max_new_tokens,
+                                               group_size=s.eval_samples, max_new_tokens=s.max_new_tokens,
                                                min_new_tokens=s.min_new_tokens, temperature=s.temperature,
-                                               together=s.generation == "batch"),
-                                [e for e in chosen for _ in range(s.group_size)]),
+                                               together=True),
+                                [e for e in chosen for _ in range(s.eval_samples)]),
                 }
             for mode, (batch, mode_texts, examples) in completions.items():
                 chunk_scores = self._scores(batch, mode_texts, examples)
