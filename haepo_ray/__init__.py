@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from haepo_ray.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -28,7 +29,4 @@ _LAZY = {
 __all__ = ["HAEPO", "HAEPOConfig", "HAEPOTorchLearner", "__version__", "register_algorithms"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'haepo_ray' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -14,10 +14,10 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
+from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.registry import algorithm_class
 from haepo_ray.upstream import rllib as rllib_internals
 
-BATCH_SIZE_ALIAS = "batch_size"
 
 
 def apply_defaults(config: AlgorithmConfig) -> AlgorithmConfig:

@@ -7,6 +7,10 @@ or tag changes in one line.
 
 from __future__ import annotations
 
+# The spec's (and ``haepo train --set``'s) name for a kind's batch size: RLlib's episodes or
+# timesteps per batch (haepo_ray.configs), a language-model update's prompts (batch_prompts).
+BATCH_SIZE_ALIAS = "batch_size"
+
 # --- Tune / RLlib result keys ("/"-flattened) ---------------------------------------------
 TRAINING_ITERATION = "training_iteration"
 TIME_TOTAL_S = "time_total_s"

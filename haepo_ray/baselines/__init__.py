@@ -10,8 +10,9 @@ first use).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from haepo_ray.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from haepo_ray.baselines.dpo import DPO, DPOConfig, DPOTorchLearner
@@ -25,7 +26,4 @@ _LAZY = {
 __all__ = ["DPO", "DPOConfig", "DPOTorchLearner", "GRPO", "GRPOConfig", "GRPOTorchLearner"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'haepo_ray.baselines' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -12,7 +12,7 @@ from typing import Any
 
 from haepo_ray.cli.errors import UsageError
 from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
-from haepo_ray.llm.settings import ALGORITHMS
+from haepo_ray.llm.settings import ALGORITHMS, MEMORY_FIELDS
 from haepo_ray.tables import format_table
 
 __all__ = ["add_parser"]
@@ -22,10 +22,8 @@ GIB = 2**30
 _RESERVED_LABELS = (("allocator", "allocator_reserved"), ("cuBLAS", "cublas_workspace_bytes"),
                     ("all-reduce", "allreduce_reserved_bytes"), ("CUDA context", "cuda_context_bytes"),
                     ("NCCL", "nccl_buffer_bytes"))
-# The settings that change a step's memory or a run's time (the rest change neither).
-_FIELDS = ("model", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
-           "gradient_checkpointing", "lora_r", "lora_target_modules", "sft_examples", "rl_updates", "reference",
-           "logits", "logits_chunk", "generation", "precision", "adamw", "num_iterations")
+# The settings that change a step's memory (the algorithm: --algo) or a run's time (the rest change neither).
+_FIELDS = (*(name for name in MEMORY_FIELDS if name != "algo"), "sft_examples", "rl_updates")
 
 
 def _switches(args: argparse.Namespace) -> str:

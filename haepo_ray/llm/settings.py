@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "NOT_DPO", "ObjectiveSettings", "SWITCHES",
+__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO", "ObjectiveSettings", "SWITCHES",
            "torch_dtype"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
@@ -28,6 +28,13 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float
 # and no KL penalty (dpo_beta is its pull towards the reference). A sweep spec that sets them
 # for DPO trials is refused (haepo_ray.sweep.llm_plan).
 NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
+# The settings that change a step's memory (haepo_ray.llm.capacity.estimate: trials with the same
+# values have the same estimate); the others change neither memory nor a step's FLOPs.
+MEMORY_FIELDS: tuple[str, ...] = (
+    "model", "algo", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
+    "gradient_checkpointing", "lora_r", "lora_target_modules", "reference", "logits", "logits_chunk", "generation",
+    "precision", "adamw", "num_iterations",
+)
 # Implementation switches: other tools' ways of running the same step (haepo_ray.llm.policy), the
 # first value this project's (the default). Each setting's values; HELP says what each does.
 SWITCHES: dict[str, tuple[str, ...]] = {

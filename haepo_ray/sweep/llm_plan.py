@@ -35,6 +35,7 @@ from functools import cached_property
 from typing import Any
 
 from haepo_ray import names
+from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.llm_config import METHOD, RAY_TRAIN, trial_settings
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
@@ -44,7 +45,6 @@ from haepo_ray.tracking.schema import LLM_METRICS
 
 __all__ = ["LLMPlan"]
 
-BATCH_SIZE_ALIAS = "batch_size"
 RENAMES = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}  # spec name -> settings field
 _FROM_SPEC = ("algo", "model", "data", "device")  # set by algorithm, llm.model, llm.data, llm.use_gpu
 

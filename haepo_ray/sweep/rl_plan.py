@@ -153,7 +153,7 @@ def _check_setting_names(spec: SweepSpec, config, source: str) -> None:
     keys = configs.setting_keys(config)
     public = sorted(k for k in keys if not k.startswith("_"))
     alias_target = configs.batch_size_key(config)
-    alias = configs.BATCH_SIZE_ALIAS
+    alias = names.BATCH_SIZE_ALIAS
     errors = []
     mutations = spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
     for section, given in (("settings", spec.settings), ("search_space", spec.search_space),

@@ -14,9 +14,7 @@ The callback (it subclasses Ray Tune's) loads on first use, so that readers of a
 (``haepo report``, ``haepo llm eval-form``) import no Ray.
 """
 
-import importlib
-from typing import Any
-
+from haepo_ray.lazy import lazy_exports
 from haepo_ray.tracking.queries import experiment_named, find_sweep_runs, open_store, search_all_runs
 from haepo_ray.tracking.schema import (
     DEFAULT_METRICS,
@@ -64,9 +62,4 @@ __all__ = [
 _LAZY = {"MLflowSweepCallback": "haepo_ray.tracking.callback", "SweepTracking": "haepo_ray.tracking.callback"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

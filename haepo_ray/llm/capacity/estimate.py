@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from haepo_ray.llm.capacity.model_configs import model_config
-from haepo_ray.llm.settings import LLMTrainSettings
+from haepo_ray.llm.settings import MEMORY_FIELDS, LLMTrainSettings
 
 if TYPE_CHECKING:
     from haepo_ray.llm.capacity.simulate import StepEstimate
@@ -72,11 +72,6 @@ NCCL_CHANNELS = 32
 NCCL_RING_PEERS = 2  # a ring's previous and next worker
 
 PROMPT_TOKENS = 512
-MEMORY_FIELDS: tuple[str, ...] = (
-    "model", "algo", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
-    "gradient_checkpointing", "lora_r", "lora_target_modules", "reference", "logits", "logits_chunk", "generation",
-    "precision", "adamw", "num_iterations",
-)
 
 
 def memory_key(settings: LLMTrainSettings) -> tuple:
