@@ -5,7 +5,9 @@ logged from the Tune driver.
 - :mod:`~haepo_ray.tracking.schema`: what is written and in which form (params, metrics, tag
   values; the best-trial rule), which the report reads back;
 - :mod:`~haepo_ray.tracking.retry`: MLflow calls with retries, and the record of what failed;
-- :mod:`~haepo_ray.tracking.writer`: the background thread that writes (typed messages);
+- :mod:`~haepo_ray.tracking.writer`: the background thread that writes, through outages (the
+  transport); :mod:`~haepo_ray.tracking.messages` what the driver queues for it, and
+  :mod:`~haepo_ray.tracking.sweep_runs` what each message does to MLflow's runs;
 - :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
 - :mod:`~haepo_ray.tracking.run`: one run without a parent (``haepo train``);
 - :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again.

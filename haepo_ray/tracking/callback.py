@@ -58,7 +58,8 @@ from haepo_ray.tracking.schema import (
 )
 from haepo_ray.tracking.retry import MLflowCalls, NotLogged, RetryPolicy
 from haepo_ray.tracking.trial_files import checkpoint_of, results_on_disk
-from haepo_ray.tracking.writer import EndParent, EndRun, Metrics, MLflowWriter, StartRun, Summary, Tags
+from haepo_ray.tracking.messages import EndParent, EndRun, Metrics, StartRun, Summary, Tags
+from haepo_ray.tracking.writer import MLflowWriter
 from haepo_ray.uris import is_uri
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from haepo_ray.tracking.queries import get_or_create_experiment
 from haepo_ray.tracking.retry import MLflowCalls, NotLogged, RetryPolicy
 from haepo_ray.tracking.schema import DEFAULT_METRICS, TRAIN_ROLE, params_of, result_tags, select_metrics
 from haepo_ray.tracking.uri import artifact_location_for
-from haepo_ray.tracking.writer import EndRun, Metrics, MLflowWriter, StartRun, Tags
+from haepo_ray.tracking.messages import EndRun, Metrics, StartRun, Tags
+from haepo_ray.tracking.writer import MLflowWriter
 
 logger = logging.getLogger(__name__)
 
