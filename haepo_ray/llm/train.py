@@ -40,17 +40,9 @@ human-evaluation form read it):
   rewards), ``update`` (reference pass, forward/backward, optimiser step), ``metrics`` (the
   row's metrics) and ``eval`` (the held-out generations). What ``train_time_s`` holds beyond
   their sum is the writing of rows and checkpoints.
-- The held-out evaluation, after the last update and every ``eval_every`` updates if > 0:
-  the ``eval_prompts`` held-out prompts (:func:`~haepo_ray.llm.data.split_examples`: no SFT or
-  RL example has their source text) get a greedy completion each and ``eval_samples`` sampled
-  at ``temperature``, ``eval_batch`` prompts per generation call (sampled from the seed of
-  update 0, which no training update has, at the call's first prompt: the same at every
-  evaluation and for every algorithm). That update's row gains ``"eval": {"greedy": {...}, "sampled": {...}}``, each
-  the means over its completions of :data:`haepo_ray.names.LLM_EVAL_METRICS`: ``reward_mean``,
-  the reward's parts ``token_f1``, ``semantic_similarity`` (its cosine part) and
-  ``length_closeness``, ``rouge_l``, ``completion_length``, ``profanity_rate`` and ``kl`` (as
-  the training row's, on these completions; for greedy ones the log-ratio, not an unbiased
-  estimate). MLflow logs them as ``eval/greedy/<metric>`` and ``eval/sampled/<metric>``.
+- The held-out evaluation (:mod:`haepo_ray.llm.evaluate`), after the last update and every
+  ``eval_every`` updates if > 0: that update's row gains ``"eval": {"greedy": {...},
+  "sampled": {...}}``, which MLflow logs as ``eval/greedy/<metric>`` and ``eval/sampled/<metric>``.
 - ``generations.jsonl``: one object per greedy completion of each evaluation: ``{"update":
   int, "prompt_id": str, "source": str, "reference": str, "completion": str, "reward": float,
   "token_f1": float, "semantic_similarity": float, "length_closeness": float, "rouge_l":
@@ -83,26 +75,13 @@ import torch
 from haepo_ray import names
 from haepo_ray.llm.data import Example, format_prompt, jsonl_rows, load_examples, split_examples
 from haepo_ray.llm.distributed import World, sample_seed
+from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import OBJECTIVES, chunks, effective_num_trajectories, gold_first, rows_per_prompt
+from haepo_ray.llm.objectives import OBJECTIVES, effective_num_trajectories, gold_first, rows_per_prompt
 from haepo_ray.llm.policy import Policy
-from haepo_ray.llm.rewards import (
-    RewardFn,
-    SummaryReward,
-    check_rewards,
-    completion_scores,
-    profanity_rate,
-    summary_metrics,
-)
-from haepo_ray.llm.rollout import (
-    Batch,
-    completion_batch,
-    concat_batches,
-    generate,
-    sample_groups,
-    sequence_kl,
-)
+from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
+from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
 __all__ = ["LLMRun", "LLMTrainSettings", "train"]
@@ -351,56 +330,15 @@ class LLMRun:
         }
 
     def _evaluate(self) -> dict[str, Any]:
-        """The held-out evaluation on rank 0 (module docstring): ``{"eval": {"greedy": means,
-        "sampled": means}}``, the greedy completions written to generations.jsonl; ``{}`` elsewhere."""
+        """The held-out evaluation on rank 0 (:mod:`haepo_ray.llm.evaluate`): ``{"eval":
+        {"greedy": means, "sampled": means}}``, the greedy completions written to
+        generations.jsonl; ``{}`` elsewhere."""
         if not self.world.is_main:
             return {}
-        s, tokenizer, held_out = self.settings, self.tokenizer, self.splits.eval
-        scores: dict[str, dict[str, list[float]]] = {mode: {} for mode in names.LLM_EVAL_MODES}
-        texts: dict[str, list[str]] = {mode: [] for mode in names.LLM_EVAL_MODES}
-        for c in chunks(len(held_out), s.eval_batch):
-            chosen = held_out[c]
-            prompts = [format_prompt(e, tokenizer, s.max_source_words) for e in chosen]
-            positions = range(c.start, c.stop)
-            seeds = [sample_seed(s.seed, 0, i) for i in positions]
-            with self.policy.autocast():
-                completions = {
-                    "greedy": (*generate(self.model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
-                                         min_new_tokens=1, greedy=True), chosen),
-                    "sampled": (*sample_groups(self.model, tokenizer, prompts, seeds, positions,
-                                               group_size=s.eval_samples, max_new_tokens=s.max_new_tokens,
-                                               min_new_tokens=s.min_new_tokens, temperature=s.temperature,
-                                               together=True),
-                                [e for e in chosen for _ in range(s.eval_samples)]),
-                }
-            for mode, (batch, mode_texts, examples) in completions.items():
-                chunk_scores = self._scores(batch, mode_texts, examples)
-                if mode == "greedy":
-                    for i, e in enumerate(examples):
-                        self.writer.generation({
-                            "update": self.update, "prompt_id": e.prompt_id, "source": e.source,
-                            "reference": e.reference, "completion": mode_texts[i],
-                            "reward": chunk_scores[names.LLM_REWARD][i],
-                            **{k: v[i] for k, v in chunk_scores.items() if k != names.LLM_REWARD},
-                            "algorithm": s.algo, "model": s.model, "seed": s.seed})
-                texts[mode] += mode_texts
-                for key, values in chunk_scores.items():
-                    scores[mode].setdefault(key, []).extend(values)
-        return {names.LLM_EVAL: {
-            mode: {**{k: sum(v) / len(v) for k, v in scores[mode].items()},
-                   names.LLM_PROFANITY_RATE: profanity_rate(texts[mode])}
-            for mode in names.LLM_EVAL_MODES}}
-
-    def _scores(self, batch: Batch, texts: list[str], examples: Sequence[Example]) -> dict[str, list[float]]:
-        """Per completion of ``batch``: the reward, its parts and ROUGE-L, the length in tokens
-        (EOS included) and the KL estimate L_k - L_k^ref."""
-        mask = batch.completion_mask
-        logp, ref_logp = self.policy.logp(batch), self.policy.reference_logp(batch)
-        kl = sequence_kl(logp, logp if ref_logp is None else ref_logp, mask)  # reference none: KL 0
-        return {names.LLM_REWARD: check_rewards(self.reward_fn(texts, examples), texts),
-                **completion_scores(texts, [e.reference for e in examples]),
-                names.LLM_COMPLETION_LENGTH: mask.sum(1).tolist(),
-                names.LLM_KL: kl.tolist()}
+        means, records = evaluate(self.settings, self.policy, self.tokenizer, self.reward_fn, self.splits.eval)
+        for record in records:
+            self.writer.generation({"update": self.update, **record})
+        return {names.LLM_EVAL: means}
 
     # ------------------------------------------------------------------ checkpoints
 
