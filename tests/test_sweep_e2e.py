@@ -346,15 +346,16 @@ def test_optuna_tpe_with_asha(ray_session, tmp_path, monkeypatch):
 def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, monkeypatch):
     """PBT replaces the values of the population's lower half with an upper trial's,
     perturbed or resampled, after iteration 2; the runs log the values in use every
-    iteration. 4 trials on 2 CPUs: synch (each trial waits, paused, for the others at each
-    interval) and no max_concurrent_trials (Tune creates all 4 trials at once, not each as a
-    slot frees) make the interval compare all 4, whichever trials happen to run at once."""
+    iteration. 2 trials (a lower and an upper half of one each; 4 on 2 CPUs took twice as
+    long, pausing and restoring trials, for the same claim): synch (each trial waits for the
+    other at each interval) and no max_concurrent_trials (Tune creates both trials at once,
+    not each as a slot frees) make the interval compare both, whatever the timing."""
     monkeypatch.chdir(tmp_path)
     mutations = {"lr": {"loguniform": [1e-3, 1e-1]}, "beta_ent": {"loguniform": [1e-3, 1e-1]},
                  "beta_kl": {"choice": [0.0, 0.01, 0.1]}}
     spec = parse_plan(_tiny(
         name="pbt",
-        search_space={**mutations, "seed": {"grid": [0, 1, 2, 3]}},
+        search_space={**mutations, "seed": {"grid": [0, 1]}},
         search={"algorithm": "random", "seed": 0},
         scheduler={"type": "pbt", "perturbation_interval": 2, "mutations": mutations, "seed": 0,
                    "quantile_fraction": 0.5, "resample_probability": 0.5, "synch": True},
@@ -365,35 +366,36 @@ def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, m
     planned = {tuple(sorted(t.values.items())) for t in planned_trials(spec)}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
-    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 4)] * 4
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 4)] * 2
     # The dry run showed the values the sweep started from.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     _, children = find_sweep_runs(uri, "pbt", result.parent_run_id)
-    assert len(children) == 4
+    assert len(children) == 2
     started = {tuple(sorted({"lr": float(c.data.params["lr"]), "beta_ent": float(c.data.params["beta_ent"]),
                              "beta_kl": float(c.data.params["beta_kl"]),
                              "seed": int(c.data.params["seed"])}.items())) for c in children}
     assert started == planned
-    # The values in use are logged every iteration; PBT changed those of the lower half (2 of
-    # the 4 trials) after iteration 2.
+    # The values in use are logged every iteration; PBT changed those of the lower half (1 of
+    # the 2 trials) after iteration 2.
     changed = 0
     for child in children:
         history = client.get_metric_history(child.info.run_id, "config/lr")
         assert len(history) >= 3
         changed += len({m.value for m in history}) > 1
-    assert changed == 2
+    assert changed == 1
 
 
 def test_trial_folders_hold_the_json_results_only_and_the_same_results(ray_session, tmp_path, monkeypatch):
     """A sweep keeps Tune's JSON logger only (params.json, params.pkl, result.json: what a
     resume and ``metrics_dataframe`` read), not its CSV and TensorBoard ones; the trials'
-    results are those of a run with all three loggers, value for value."""
+    results are those of a run with all three loggers, value for value. One trial per sweep: a
+    second trial of the same spec writes its folder through the same loggers."""
     from haepo_ray.sweep import runner
 
     def sweep(name: str) -> tuple[dict, list]:
-        plan = parse_plan(_tiny(name=name, search_space={"seed": {"grid": [0, 1]}}, stop={"iterations": 2},
+        plan = parse_plan(_tiny(name=name, search_space={"seed": {"grid": [0]}}, stop={"iterations": 2},
                                 checkpoint_at_end=False), f"{name}.yaml")
         result = run_sweep(plan, track=False, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
         folders = sorted(Path(r.path) for r in result.result_grid)
@@ -420,7 +422,7 @@ def test_trial_folders_hold_the_json_results_only_and_the_same_results(ray_sessi
                         lambda: [JsonLoggerCallback(), CSVLoggerCallback(), TBXLoggerCallback()])
     full, files = sweep("full")
     assert all({"progress.csv", "result.json"} <= set(f) for f in files), files
-    assert lean.keys() == full.keys() == {0, 1}
+    assert lean.keys() == full.keys() == {0}
     for seed in lean:
         assert len(lean[seed]) == len(full[seed]) == 2
         for a, b in zip(lean[seed], full[seed]):
