@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tune_configs" / "smoke.yaml"
@@ -184,3 +185,59 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
     assert math.isclose(parent.data.metrics[f"best/{METRIC}"], best.value)
     mlflow_best = max(children, key=lambda r: r.data.metrics[METRIC]).data.metrics[METRIC]
     assert math.isclose(best.value, mlflow_best)
+
+
+# Environment that must not leak from the developer's shell into the tests' clients.
+CLIENT_ENV_DROP = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                    "RAY_AUTH_MODE", "MLFLOW_TRACKING_URI", "HAEPO_STORAGE_PATH")
+
+
+def client_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_DROP}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.update(extra)
+    return env
+
+
+def write_spec(path: Path, name: str, *, iterations: int, extra_settings: dict | None = None,
+               max_failures: int = 0, checkpoint_frequency: int = 2, lrs=(0.05, 0.1)) -> Path:
+    """A small sweep: 2 seeds per lr (default 4 trials: 2 lr x 2 seeds) of HAEPO on the chain
+    MDP, each asking for 1 CPU and half a gpu_slot (so only the workers can hold it)."""
+    spec = {
+        "name": name,
+        "algorithm": "HAEPO",
+        "env": "haepo/ChainMDP-v0",
+        "env_config": {"length": 5, "horizon": 10},
+        "settings": {
+            "num_env_runners": 0,
+            "batch_size": 8,
+            "model_config": {"fcnet_hiddens": [16]},
+            "custom_resources_for_main_process": {"gpu_slot": 0.5},
+            **(extra_settings or {}),
+        },
+        "search_space": {"lr": {"grid": list(lrs)}, "seed": {"grid": [0, 1]}},
+        "metric": "env_runners/episode_return_mean",
+        "mode": "max",
+        "stop": {"iterations": iterations},
+        "resources": {"cpus": 1, "gpus": 0},
+        "max_concurrent_trials": 2,
+        # A fresh actor per trial: with reuse, a trial that ends before the other worker's
+        # actor has started (imports take seconds on a loaded CI machine) hands its actor to
+        # the next trial, and the whole sweep can run on one worker (seen in CI).
+        "reuse_actors": False,
+        "max_failures": max_failures,
+        "checkpoint_frequency": checkpoint_frequency,
+        "checkpoint_at_end": True,
+        "tracking": {"log_checkpoints": False},
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_jobs_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``haepo ARGV`` in this process: (exit code, stdout, stderr)."""
+    from haepo_ray import cli
+
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -9,13 +9,11 @@ Every process is started by the scripts and stopped by cluster/local/stop.sh by 
 (session); the fixture then checks that no process mentioning the state directory is left,
 and SIGKILLs any by pid.
 
-The fast tests at the top need no cluster (errors of ``haepo submit`` that the user must
-understand: a missing spec, an unreachable head, no address).
+``haepo submit``'s checks that need no cluster are tests/test_jobs.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -29,20 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import free_port
-
-from haepo_ray import cli, jobs
-from haepo_ray.cli import jobs as jobs_cli
+from helpers import CLIENT_ENV_DROP, client_env, run_jobs_main, write_spec
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "cluster" / "local"
-SMOKE = REPO / "tune_configs" / "smoke.yaml"
 WORKER_IPS = {"worker-1": "127.0.0.2", "worker-2": "127.0.0.3"}
-
-# Environment that must not leak from the developer's shell into the tests' clients.
-_CLIENT_ENV_DROP = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-                    "RAY_AUTH_MODE", "MLFLOW_TRACKING_URI", "HAEPO_STORAGE_PATH")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -51,171 +40,6 @@ _CLIENT_ENV_DROP = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "
 def haepo_cmd(*args: str) -> list[str]:
     """The `haepo` command line, run with this interpreter."""
     return [sys.executable, "-m", "haepo_ray.cli", *args]
-
-
-def client_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _CLIENT_ENV_DROP}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    env.update(extra)
-    return env
-
-
-def run_jobs_main(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def write_spec(path: Path, name: str, *, iterations: int, extra_settings: dict | None = None,
-               max_failures: int = 0, checkpoint_frequency: int = 2, lrs=(0.05, 0.1)) -> Path:
-    """A small sweep: 2 seeds per lr (default 4 trials: 2 lr x 2 seeds) of HAEPO on the chain
-    MDP, each asking for 1 CPU and half a gpu_slot (so only the workers can hold it)."""
-    spec = {
-        "name": name,
-        "algorithm": "HAEPO",
-        "env": "haepo/ChainMDP-v0",
-        "env_config": {"length": 5, "horizon": 10},
-        "settings": {
-            "num_env_runners": 0,
-            "batch_size": 8,
-            "model_config": {"fcnet_hiddens": [16]},
-            "custom_resources_for_main_process": {"gpu_slot": 0.5},
-            **(extra_settings or {}),
-        },
-        "search_space": {"lr": {"grid": list(lrs)}, "seed": {"grid": [0, 1]}},
-        "metric": "env_runners/episode_return_mean",
-        "mode": "max",
-        "stop": {"iterations": iterations},
-        "resources": {"cpus": 1, "gpus": 0},
-        "max_concurrent_trials": 2,
-        # A fresh actor per trial: with reuse, a trial that ends before the other worker's
-        # actor has started (imports take seconds on a loaded CI machine) hands its actor to
-        # the next trial, and the whole sweep can run on one worker (seen in CI).
-        "reuse_actors": False,
-        "max_failures": max_failures,
-        "checkpoint_frequency": checkpoint_frequency,
-        "checkpoint_at_end": True,
-        "tracking": {"log_checkpoints": False},
-    }
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
-
-
-# --------------------------------------------------------------------------- no cluster
-
-
-def test_submit_missing_spec_is_a_clear_error(capsys, tmp_path):
-    code, _, err = run_jobs_main(["submit", str(tmp_path / "nope.yaml"),
-                                  "--address", "http://127.0.0.1:1"], capsys)
-    assert code == 2
-    assert f"haepo submit: error: spec not found: {tmp_path / 'nope.yaml'}" in err
-    assert "Traceback" not in err
-
-
-def test_submit_unreachable_head_is_a_clear_error(capsys, monkeypatch):
-    """An unreachable head fails at once: one TCP connect, refused, and Ray's Jobs client (which
-    retries its connection for minutes) is never made."""
-    for key in _CLIENT_ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    connects, ray_clients = [], []
-    connect, make = jobs.socket.create_connection, jobs.JobsClient._make
-
-    def counted_connect(address, *args, **kwargs):
-        connects.append(address)
-        return connect(address, *args, **kwargs)
-
-    def counted_make(self, headers):
-        ray_clients.append(self.address)
-        return make(self, headers)
-
-    monkeypatch.setattr(jobs.socket, "create_connection", counted_connect)  # both still run for real
-    monkeypatch.setattr(jobs.JobsClient, "_make", counted_make)
-    port = free_port()  # nothing listens there
-    code, _, err = run_jobs_main(["submit", str(SMOKE), "--no-check",
-                                  "--address", f"127.0.0.1:{port}"], capsys)
-    assert code == 2
-    assert f"cannot reach the Ray head at http://127.0.0.1:{port} (Connection refused)" in err
-    assert "Traceback" not in err
-    assert connects == [("127.0.0.1", port)] and ray_clients == []
-
-
-def test_jobs_without_an_address_says_which_flag(capsys, monkeypatch):
-    for key in _CLIENT_ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    code, _, err = run_jobs_main(["jobs"], capsys)
-    assert code == 2 and "--address http://HEAD:8265" in err
-
-
-def test_ray_client_address_is_refused(capsys):
-    code, _, err = run_jobs_main(["stop", "x", "--address", "ray://10.0.0.1:10001"], capsys)
-    assert code == 2 and "dashboard" in err and "not to a Ray Client" in err
-
-
-def test_token_sources_in_order(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text("from-home\n")
-    path_token = tmp_path / "t"
-    path_token.write_text("from-path")
-    flag_token = tmp_path / "f"
-    flag_token.write_text("from-flag\n")
-    env = {"RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(path_token)}
-    assert jobs.find_token(str(flag_token), env, home).value == "from-flag"
-    assert jobs.find_token(None, env, home).value == "from-env"
-    assert jobs.find_token(None, {"RAY_AUTH_TOKEN_PATH": str(path_token)}, home).value == "from-path"
-    assert jobs.find_token(None, {}, home).value == "from-home"
-    assert jobs.find_token(None, {}, tmp_path / "nobody") is None
-    with pytest.raises(jobs.JobError, match="cannot read the Ray auth token"):
-        jobs.find_token(None, {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")}, home)
-    (tmp_path / "empty").write_text("")
-    with pytest.raises(jobs.JobError, match="is empty"):
-        jobs.find_token(str(tmp_path / "empty"), {}, home)
-
-
-def _submit_args(spec: Path, *extra: str) -> jobs.SubmitOptions:
-    parser = argparse.ArgumentParser()
-    jobs_cli.add_parsers(parser.add_subparsers(dest="command"))
-    return jobs_cli.submit_options(parser.parse_args(["submit", str(spec), "--no-check", *extra]))
-
-
-def test_submission_packages_the_spec_and_routes_tracking_and_storage(tmp_path, monkeypatch):
-    for key in _CLIENT_ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    spec = write_spec(tmp_path / "s.yaml", "unit", iterations=2)
-    monkeypatch.setenv("MY_FLAG", "on")
-    sub = jobs.build_submission(_submit_args(
-        spec, "--tracking-uri", "http://mlflow:5000", "--storage-path", "/mnt/shared/r",
-        "--env", "MY_FLAG", "--env", "OTHER=1", "--pip", "rich"))
-    try:
-        assert sub.temporary and sorted(p.name for p in sub.working_dir.iterdir()) == ["s.yaml"]
-        assert sub.entrypoint == ("haepo sweep s.yaml --address auto --quiet --tracking-uri "
-                                  "http://mlflow:5000 --storage-path /mnt/shared/r")
-        env = sub.runtime_env["env_vars"]
-        assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
-        assert env["MY_FLAG"] == "on" and env["OTHER"] == "1"
-        assert sub.runtime_env["pip"] == ["rich"]
-        assert sub.metadata["haepo.experiment"] == "unit"
-        assert sub.submission_id.startswith("haepo-unit-")
-    finally:
-        shutil.rmtree(sub.working_dir)
-
-    # Nothing given here: the head decides (its MLFLOW_TRACKING_URI / HAEPO_STORAGE_PATH).
-    sub = jobs.build_submission(_submit_args(spec, "--py-modules"))
-    shutil.rmtree(sub.working_dir)
-    assert sub.entrypoint.startswith("python -m haepo_ray.cli sweep s.yaml --address auto")
-    assert sub.entrypoint.endswith(' ${HAEPO_STORAGE_PATH:+--storage-path "$HAEPO_STORAGE_PATH"}')
-    assert "MLFLOW_TRACKING_URI" not in sub.runtime_env["env_vars"]
-    assert sub.runtime_env["py_modules"] == [str(Path(jobs.__file__).parent)]
-    assert any("MLflow" in n for n in sub.notes) and any("storage" in n for n in sub.notes)
-
-    # --working-dir: the spec must be inside; Ray's excludes keep the venv and stores out.
-    sub = jobs.build_submission(_submit_args(spec, "--working-dir", str(tmp_path)))
-    assert not sub.temporary and sub.entrypoint.startswith("haepo sweep s.yaml ")
-    assert ".venv" in sub.runtime_env["excludes"]
-    with pytest.raises(jobs.JobError, match="not inside --working-dir"):
-        jobs.build_submission(_submit_args(spec, "--working-dir", str(REPO / "tune_configs")))
-    with pytest.raises(jobs.JobError, match="--env OTHER_UNSET"):
-        jobs.build_submission(_submit_args(spec, "--env", "OTHER_UNSET"))
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -453,7 +277,7 @@ def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path, capsys, mon
     # Exactly the killed node is gone (Ray advertises the head under the machine's address).
     assert _node_ids_by_ip(cluster).keys() == alive.keys() - {victim_ip}
     # `haepo jobs` lists it (run in this process; the submit test runs it as a command).
-    for key in _CLIENT_ENV_DROP:
+    for key in CLIENT_ENV_DROP:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_file))
     code, listing, err = run_jobs_main(["jobs", "--address", cluster.dashboard], capsys)
