@@ -44,11 +44,11 @@ from haepo_ray.llm.capacity.estimate import estimate
 from haepo_ray.llm.data import format_prompt
 from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings
 from haepo_ray.llm.train import LLMRun
+from haepo_ray.sweep.plan import load_plan
+from haepo_ray.sweep.planned import planned_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "tune_configs" / "llm_cpu_ranked.yaml"
-# the spec's names of LLMTrainSettings fields (haepo_ray.sweep.llm_config: batch_size is batch_prompts)
-ALIASES = {"batch_size": "batch_prompts"}
 ROOFLINE = {"rollout": ("generation",), "update": ("reference", "forward_backward", "optimizer")}
 
 
@@ -65,12 +65,11 @@ def matmul_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def spec_settings(changes: dict[str, str]) -> dict:
-    """The ranked spec's settings (less its seed, which a run sets), ``changes`` parsed as YAML."""
-    spec = yaml.safe_load(SPEC.read_text())
-    fields = {ALIASES.get(k, k): v for k, v in spec["settings"].items()} | {"model": spec["llm"]["model"],
-                                                                           "data": spec["llm"]["data"]}
-    return fields | {ALIASES.get(k, k): yaml.safe_load(v) for k, v in changes.items()}
+def spec_settings(plan, algo: str, changes: dict[str, str]) -> LLMTrainSettings:
+    """The ranked spec's settings for ``algo`` at seed 0, as its trials get them (its plan),
+    with ``changes`` (settings' names, values parsed as YAML)."""
+    settings = plan.trial_config({"algorithm": algo, "seed": 0})
+    return dataclasses.replace(settings, **{k: yaml.safe_load(v) for k, v in changes.items()})
 
 
 def measure(settings: LLMTrainSettings, gflops: float) -> dict:
@@ -100,12 +99,8 @@ def measure(settings: LLMTrainSettings, gflops: float) -> dict:
             "tflop_per_update": sum(est.phases[q].flops for parts in ROOFLINE.values() for q in parts) / 1e12}
 
 
-def sweep_estimate(rows: list[dict]) -> dict:
+def sweep_estimate(plan, rows: list[dict]) -> dict:
     """The ranked spec's wall time from the measured ``rows`` (module docstring), in seconds."""
-    from haepo_ray.sweep.plan import load_plan
-    from haepo_ray.sweep.planned import planned_trials
-
-    plan = load_plan(SPEC)
     measured = {r["algo"]: r for r in rows}
     trials = [plan.trial_config(t.values) for t in planned_trials(plan)]
     missing = sorted({t.algo for t in trials} - set(measured))
@@ -114,11 +109,11 @@ def sweep_estimate(rows: list[dict]) -> dict:
     total = 0.0
     for t in trials:
         r = measured[t.algo]
-        evaluations = len({u for u in range(1, t.rl_updates + 1) if u == t.rl_updates or (t.eval_every and u % t.eval_every == 0)})
+        evaluations = sum(t.evaluated_after(u) for u in range(1, t.rl_updates + 1))
         total += r["load_s"] + t.rl_updates * r["update_s"] + evaluations * r["eval_s"]
-    seeds = {t.seed for t in trials}
-    total += len(seeds) * max(r["sft_s"] for r in rows)
-    return {"trials": len(trials), "at_once": plan.spec.max_concurrent_trials, "seconds": total / plan.spec.max_concurrent_trials}
+    total += len({t.seed for t in trials}) * max(r["sft_s"] for r in rows)
+    at_once = plan.spec.max_concurrent_trials
+    return {"trials": len(trials), "at_once": at_once, "seconds": total / at_once}
 
 
 def table(result: dict) -> str:
@@ -153,16 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gflops = matmul_gflops(args.threads)
     changes = dict(item.split("=", 1) for item in args.set)
-    fields = spec_settings(changes) | {"rl_updates": args.updates, "eval_every": 0}
+    plan = load_plan(SPEC)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     result = {"commit": commit, "threads": args.threads, "gflops": gflops, "updates": args.updates,
               "changes": changes, "rows": []}
     for algo in args.algo:
-        settings = LLMTrainSettings(**fields, algo=algo)
+        settings = dataclasses.replace(spec_settings(plan, algo, changes), rl_updates=args.updates, eval_every=0)
         result["settings"] = dataclasses.asdict(settings) | {"algo": None}
         result["rows"].append(measure(settings, gflops))
-        result["sweep"] = sweep_estimate(result["rows"])
+        result["sweep"] = sweep_estimate(plan, result["rows"])
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result["rows"][-1]), flush=True)
     print(table(result))

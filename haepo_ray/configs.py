@@ -19,7 +19,6 @@ from haepo_ray.registry import algorithm_class
 from haepo_ray.upstream import rllib as rllib_internals
 
 
-
 def apply_defaults(config: AlgorithmConfig) -> AlgorithmConfig:
     """What sweeps and ``haepo train`` give every algorithm (HAEPO has both already): the
     paper's episode metrics (regret, success rate) where ``config`` has RLlib's default

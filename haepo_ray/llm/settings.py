@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO", "ObjectiveSettings", "SWITCHES",
-           "torch_dtype"]
+__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO", "ObjectiveSettings",
+           "SWITCHES", "torch_dtype"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
 ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
@@ -175,6 +175,11 @@ class LLMTrainSettings:
         if self.precision == "mixed" and self.dtype not in ("bfloat16", "float16"):
             raise ValueError(f"precision 'mixed' computes in a half-precision dtype: dtype must be bfloat16 or "
                              f"float16, got {self.dtype!r}")
+
+    def evaluated_after(self, update: int) -> bool:
+        """Whether the held-out evaluation runs after RL update ``update``: every
+        ``eval_every`` updates (if > 0) and after the last."""
+        return update == self.rl_updates or bool(self.eval_every and update % self.eval_every == 0)
 
     @property
     def weights_dtype(self) -> str:

@@ -254,7 +254,7 @@ class LLMRun:
 
     def rl(self) -> Iterator[dict[str, Any]]:
         """The remaining RL updates, each yielded as its metric row once done and evaluated
-        (when ``eval_every`` or the last update says so)."""
+        (:meth:`~haepo_ray.llm.settings.LLMTrainSettings.evaluated_after`)."""
         s = self.settings
         stream = _cycle(self.splits.rl, random.Random(s.seed + 1))
         for _ in range(self.update * s.batch_prompts):  # the prompts of the updates already done
@@ -263,7 +263,7 @@ class LLMRun:
             chosen = [next(stream) for _ in range(s.batch_prompts)]
             self.update += 1
             row = {"update": self.update, **self._rl_update(chosen)}
-            if self.update == s.rl_updates or (s.eval_every and self.update % s.eval_every == 0):
+            if s.evaluated_after(self.update):
                 with self.clock.phase("eval"):
                     row.update(self._evaluate())
             row.update(self.clock.times())

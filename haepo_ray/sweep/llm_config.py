@@ -1,8 +1,9 @@
 """A language-model trial's config: the :class:`~haepo_ray.llm.settings.LLMTrainSettings`
 fields, plus ``ray_train`` (its workers and checkpoints), ``method`` where the spec's algorithms
-include one with settings of its own (the method as written; the fields hold its values) and, in a fitted plan, ``gpu_memory``
-(its estimate) and ``fit`` (the memory settings it runs with: :mod:`haepo_ray.sweep.llm_fit`). The plan writes it
-(:mod:`haepo_ray.sweep.llm_plan`), the trial reads it (:mod:`haepo_ray.sweep.llm_trainable`)."""
+include one with settings of its own (the method as written; the fields hold its values) and,
+in a fitted plan, ``gpu_memory`` (its estimate) and ``fit`` (the memory settings it runs with:
+:mod:`haepo_ray.sweep.llm_fit`). The plan writes it (:mod:`haepo_ray.sweep.llm_plan`), the
+trial reads it (:mod:`haepo_ray.sweep.llm_trainable`)."""
 
 from __future__ import annotations
 

@@ -125,8 +125,8 @@ class LLMPlan(Plan):
 
         spec = self.spec
         searched = spec.algorithm is None
-        methods = [method_of(v) for v in spec.search_space["algorithm"].values] if searched else [method_of(spec.algorithm)]
-        dpo = [m for m in methods if m["algo"] == "DPO"]
+        values = spec.search_space["algorithm"].values if searched else [spec.algorithm]
+        dpo = [m for m in map(method_of, values) if m["algo"] == "DPO"]
         if not dpo:
             return
         errors = [f"{spec.source or '<spec>'}: {section}.{name}: DPO trials would ignore it: DPO's loss has no "
@@ -174,7 +174,8 @@ class LLMPlan(Plan):
             space[METHOD] = dim.model_copy(update={"values": methods}).to_tune()
             for key in sorted({k for m in methods for k in m}):
                 default = self.base_config[key]
-                space[key] = tune.sample_from(lambda spec, key=key, default=default: spec.config[METHOD].get(key, default))
+                space[key] = tune.sample_from(
+                    lambda spec, key=key, default=default: spec.config[METHOD].get(key, default))
         return space
 
     def base_space(self) -> dict[str, Any]:
@@ -393,22 +394,21 @@ def _method_errors(spec: SweepSpec, allowed: list[str]) -> list[str]:
     for value in dim.values if dim is not None else ():
         if not isinstance(value, Mapping):
             continue
-        if len(value) != 1 or next(iter(value)) not in ALGORITHMS or not isinstance(next(iter(value.values())), Mapping):
-            errors.append(f"{where}: {value!r}: a method is one algorithm ({', '.join(ALGORITHMS)}) with a map of its "
-                          "settings, e.g. {HAEPO: {length_normalize: true}}")
+        name, settings = next(iter(value.items()), (None, None))
+        if len(value) != 1 or name not in ALGORITHMS or not isinstance(settings, Mapping):
+            errors.append(f"{where}: {value!r}: a method is one algorithm ({', '.join(ALGORITHMS)}) with a map of "
+                          "its settings, e.g. {HAEPO: {length_normalize: true}}")
             continue
-        if dim.kind not in ("grid", "choice"):
-            errors.append(f"{where}: methods with settings of their own need grid or choice, not {dim.kind}")
-        (name, settings), = value.items()
         for key in settings:
             if key not in allowed or key == "seed":
                 errors.append(f"{where}.{name}.{key}: not a setting a method can set; allowed: "
                               f"{', '.join(k for k in allowed if k != 'seed')}")
             elif key in spec.settings or key in spec.search_space:
-                errors.append(f"{where}.{name}.{key}: also in {'settings' if key in spec.settings else 'search_space'}; "
-                              "keep one")
-    if errors == [] and dim is not None and spec.search.algorithm == "optuna" and _methods(spec) is not None:
-        errors.append(f"{where}: methods with settings of their own need search.algorithm grid or random, not optuna")
+                section = "settings" if key in spec.settings else "search_space"
+                errors.append(f"{where}.{name}.{key}: also in {section}; keep one")
+    if not errors and spec.search.algorithm == "optuna" and _methods(spec) is not None:
+        errors.append(f"{where}: methods with settings of their own need search.algorithm grid or random, "
+                      "not optuna")
     return errors
 
 
