@@ -12,12 +12,11 @@ Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``,
 device from ``llm.use_gpu``. ``beta_ent`` and ``beta_kl`` are refused where the trials include
 DPO, whose loss has no such term (:data:`~haepo_ray.llm.settings.NOT_DPO`).
 
-Methods: a value of ``search_space.algorithm`` is an algorithm (``GRPO``) or an algorithm with
-settings of its own, a one-key map (``{HAEPO: {length_normalize: true}}``): a method, which the
-report shows as ``HAEPO (length_normalize=True)``. With such a value the trial config's
-``method`` holds the trial's method as written (``{algo: HAEPO, length_normalize: true}``; the
-search values' ``algorithm``) and ``algo`` and each setting a method sets follow from it (Tune's
-``sample_from``): MLflow logs the values each trial ran with.
+Methods (:mod:`haepo_ray.sweep.llm_methods`): with a method among the values of
+``search_space.algorithm``, the trial config's ``method`` holds the trial's method as written
+(``{algo: HAEPO, length_normalize: true}``; the search values' ``algorithm``) and ``algo`` and
+each setting a method sets follow from it (Tune's ``sample_from``): MLflow logs the values each
+trial ran with.
 
 GPU memory: :meth:`LLMPlan.fitted` holds the plan to the cluster's GPUs before launch
 (:mod:`haepo_ray.sweep.llm_fit`); the fitted plan's trial configs carry their estimates
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -39,6 +37,7 @@ from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.llm_config import METHOD, RAY_TRAIN, trial_settings
 from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
+from haepo_ray.sweep.llm_methods import method_errors, method_of, methods
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, SweepSpec
 from haepo_ray.tracking.schema import LLM_METRICS
@@ -98,7 +97,7 @@ class LLMPlan(Plan):
                 errors.append(f"{source}: {section}: give either batch_size or batch_prompts, not both")
         for name in sorted(set(spec.settings) & set(spec.search_space)):
             errors.append(f"{source}: {name}: in both settings and search_space; keep one")
-        errors += _method_errors(spec, allowed)
+        errors += method_errors(spec, allowed)
         if errors:
             raise SpecError("\n".join(errors))
         llm = spec.llm
@@ -112,7 +111,7 @@ class LLMPlan(Plan):
             "keep_checkpoints": spec.keep_checkpoints,
         }
         keys = {name: RENAMES.get(name, name) for name in spec.search_space}
-        if _methods(spec) is not None:
+        if methods(spec) is not None:
             keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
         plan._check_dpo_settings()
@@ -166,13 +165,13 @@ class LLMPlan(Plan):
         """Tune's ``param_space``; with methods (module docstring), ``algo`` and each setting a
         method sets follow from the trial's ``method``."""
         space = super().param_space
-        methods = _methods(self.spec)
-        if methods is not None:
+        listed = methods(self.spec)
+        if listed is not None:
             from ray import tune
 
             dim = self.spec.search_space["algorithm"]
-            space[METHOD] = dim.model_copy(update={"values": methods}).to_tune()
-            for key in sorted({k for m in methods for k in m}):
+            space[METHOD] = dim.model_copy(update={"values": listed}).to_tune()
+            for key in sorted({k for m in listed for k in m}):
                 default = self.base_config[key]
                 space[key] = tune.sample_from(
                     lambda spec, key=key, default=default: spec.config[METHOD].get(key, default))
@@ -362,54 +361,6 @@ def _renamed(values: dict[str, Any]) -> dict[str, Any]:
     """Spec names -> LLMTrainSettings fields; a method (``algorithm``) gives ``algo`` and its settings."""
     renamed = {RENAMES.get(k, k): v for k, v in values.items() if k != "algorithm"}
     return renamed | (method_of(values["algorithm"]) if "algorithm" in values else {})
-
-
-def method_of(value: Any) -> dict[str, Any]:
-    """A value of ``search_space.algorithm`` (or ``algorithm``) as a method: ``{"algo": name,
-    **settings}``; a resolved method (the trial config's ``method``) is returned as it is."""
-    if isinstance(value, Mapping):
-        if "algo" in value:
-            return dict(value)
-        (name, settings), = value.items()
-        return {"algo": name, **settings}
-    return {"algo": value}
-
-
-def _methods(spec: SweepSpec) -> list[dict[str, Any]] | None:
-    """The methods of ``search_space.algorithm`` when one has settings of its own, else None."""
-    dim = spec.search_space.get("algorithm")
-    if dim is None or not any(isinstance(v, Mapping) for v in dim.values):
-        return None
-    return [method_of(v) for v in dim.values]
-
-
-def _method_errors(spec: SweepSpec, allowed: list[str]) -> list[str]:
-    """What is wrong with the methods of ``search_space.algorithm``: a map that is not one
-    algorithm with a map of settings, a setting that is not one or that the spec also sets."""
-    from haepo_ray.llm.settings import ALGORITHMS
-
-    dim = spec.search_space.get("algorithm")
-    where = f"{spec.source or '<spec>'}: search_space.algorithm"
-    errors = []
-    for value in dim.values if dim is not None else ():
-        if not isinstance(value, Mapping):
-            continue
-        name, settings = next(iter(value.items()), (None, None))
-        if len(value) != 1 or name not in ALGORITHMS or not isinstance(settings, Mapping):
-            errors.append(f"{where}: {value!r}: a method is one algorithm ({', '.join(ALGORITHMS)}) with a map of "
-                          "its settings, e.g. {HAEPO: {length_normalize: true}}")
-            continue
-        for key in settings:
-            if key not in allowed or key == "seed":
-                errors.append(f"{where}.{name}.{key}: not a setting a method can set; allowed: "
-                              f"{', '.join(k for k in allowed if k != 'seed')}")
-            elif key in spec.settings or key in spec.search_space:
-                section = "settings" if key in spec.settings else "search_space"
-                errors.append(f"{where}.{name}.{key}: also in {section}; keep one")
-    if not errors and spec.search.algorithm == "optuna" and _methods(spec) is not None:
-        errors.append(f"{where}: methods with settings of their own need search.algorithm grid or random, "
-                      "not optuna")
-    return errors
 
 
 def _worker_resources(spec: SweepSpec) -> dict[str, float | str]:

@@ -1,0 +1,61 @@
+"""Methods in a language-model spec: a value of ``search_space.algorithm`` is an algorithm
+(``GRPO``) or an algorithm with settings of its own, a one-key map (``{HAEPO: {length_normalize:
+true}}``): a method, which the report shows as ``HAEPO (length_normalize=True)``. Read and
+checked here; :mod:`haepo_ray.sweep.llm_plan` turns them into the trials' configs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from haepo_ray.sweep.spec import SweepSpec
+
+__all__ = ["method_errors", "method_of", "methods"]
+
+
+def method_of(value: Any) -> dict[str, Any]:
+    """A value of ``search_space.algorithm`` (or ``algorithm``) as a method: ``{"algo": name,
+    **settings}``; a resolved method (the trial config's ``method``) is returned as it is."""
+    if isinstance(value, Mapping):
+        if "algo" in value:
+            return dict(value)
+        (name, settings), = value.items()
+        return {"algo": name, **settings}
+    return {"algo": value}
+
+
+def methods(spec: SweepSpec) -> list[dict[str, Any]] | None:
+    """The methods of ``search_space.algorithm`` when one has settings of its own, else None."""
+    dim = spec.search_space.get("algorithm")
+    if dim is None or not any(isinstance(v, Mapping) for v in dim.values):
+        return None
+    return [method_of(v) for v in dim.values]
+
+
+def method_errors(spec: SweepSpec, allowed: list[str]) -> list[str]:
+    """What is wrong with the methods of ``search_space.algorithm``: a map that is not one
+    algorithm with a map of settings, a setting that is not one or that the spec also sets."""
+    from haepo_ray.llm.settings import ALGORITHMS
+
+    dim = spec.search_space.get("algorithm")
+    where = f"{spec.source or '<spec>'}: search_space.algorithm"
+    errors = []
+    for value in dim.values if dim is not None else ():
+        if not isinstance(value, Mapping):
+            continue
+        name, settings = next(iter(value.items()), (None, None))
+        if len(value) != 1 or name not in ALGORITHMS or not isinstance(settings, Mapping):
+            errors.append(f"{where}: {value!r}: a method is one algorithm ({', '.join(ALGORITHMS)}) with a map of "
+                          "its settings, e.g. {HAEPO: {length_normalize: true}}")
+            continue
+        for key in settings:
+            if key not in allowed or key == "seed":
+                errors.append(f"{where}.{name}.{key}: not a setting a method can set; allowed: "
+                              f"{', '.join(k for k in allowed if k != 'seed')}")
+            elif key in spec.settings or key in spec.search_space:
+                section = "settings" if key in spec.settings else "search_space"
+                errors.append(f"{where}.{name}.{key}: also in {section}; keep one")
+    if not errors and spec.search.algorithm == "optuna" and methods(spec) is not None:
+        errors.append(f"{where}: methods with settings of their own need search.algorithm grid or random, "
+                      "not optuna")
+    return errors
