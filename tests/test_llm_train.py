@@ -183,6 +183,8 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--group-size", "0"], "group_size must be an integer >= 1, got 0"),
+    (["--eval-batch", "0"], "eval_batch must be an integer >= 1, got 0"),
+    (["--eval-samples", "0"], "eval_samples must be an integer >= 1, got 0"),
     (["--min-new-tokens", "9", "--max-new-tokens", "4"], r"min_new_tokens \(9\) exceeds max_new_tokens \(4\)"),
     (["--data", "tldr:/nonexistent/tldr.jsonl"], "TL;DR file /nonexistent/tldr.jsonl does not exist"),
     (["--device", "tpu"], "device must be cpu or cuda"),
