@@ -140,7 +140,7 @@ PPO_ZOO = {
 
 
 def haepo_config(seed: int, args: argparse.Namespace, training: dict = HAEPO_PAPER):
-    from haepo_ray.algorithm import HAEPOConfig
+    from haepo_ray.rl.algorithm import HAEPOConfig
 
     return (
         HAEPOConfig()

@@ -126,7 +126,7 @@ def whole_batch_ceiling(n: int, steps: int) -> Callable[[], int]:
 def haepo_runner(n: int, steps: int, lean: bool, algos: list):
     """One repetition of ``HAEPOEnvRunner.sample(num_episodes=n)`` batches: >= ``steps``."""
     from haepo_ray import HAEPOConfig
-    from haepo_ray.callbacks import EpisodeInfoMetrics
+    from haepo_ray.rl.callbacks import EpisodeInfoMetrics
 
     class PerStep(EpisodeInfoMetrics):
         def on_episode_step(self, **kwargs) -> None:

@@ -379,7 +379,7 @@ def actor_profile_hook():
         return
     from ray.tune.trainable import Trainable
 
-    from haepo_ray.algorithm import HAEPO
+    from haepo_ray.rl.algorithm import HAEPO
     from haepo_ray.sweep.trainable import SweepTrainable
 
     pid = _os.getpid()

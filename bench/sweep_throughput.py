@@ -61,7 +61,7 @@ def bench_parts(repeats: int = 3) -> dict:
     imports = []
     for _ in range(repeats):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import haepo_ray.algorithm"], check=True,
+        subprocess.run([sys.executable, "-c", "import haepo_ray.rl.algorithm"], check=True,
                        capture_output=True)
         imports.append(time.perf_counter() - t)
 

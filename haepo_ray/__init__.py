@@ -15,15 +15,15 @@ from haepo_ray.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from haepo_ray.algorithm import HAEPO, HAEPOConfig
-    from haepo_ray.learner import HAEPOTorchLearner
-    from haepo_ray.registry import register_algorithms
+    from haepo_ray.rl.algorithm import HAEPO, HAEPOConfig
+    from haepo_ray.rl.learner import HAEPOTorchLearner
+    from haepo_ray.rl.registry import register_algorithms
 
 _LAZY = {
-    "HAEPO": "haepo_ray.algorithm",
-    "HAEPOConfig": "haepo_ray.algorithm",
-    "HAEPOTorchLearner": "haepo_ray.learner",
-    "register_algorithms": "haepo_ray.registry",
+    "HAEPO": "haepo_ray.rl.algorithm",
+    "HAEPOConfig": "haepo_ray.rl.algorithm",
+    "HAEPOTorchLearner": "haepo_ray.rl.learner",
+    "register_algorithms": "haepo_ray.rl.registry",
 }
 
 __all__ = ["HAEPO", "HAEPOConfig", "HAEPOTorchLearner", "__version__", "register_algorithms"]

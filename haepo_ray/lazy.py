@@ -1,5 +1,5 @@
 """Names a package exports but imports on first use, so that importing it stays cheap (no RLlib,
-no Ray Tune): ``__getattr__ = lazy_exports(__name__, {"HAEPO": "haepo_ray.algorithm"})``."""
+no Ray Tune): ``__getattr__ = lazy_exports(__name__, {"HAEPO": "haepo_ray.rl.algorithm"})``."""
 
 from __future__ import annotations
 

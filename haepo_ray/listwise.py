@@ -60,7 +60,7 @@ def gather_episodes(local: Tensor, *, distributed: bool) -> tuple[Tensor, Shard]
     result is detached, on ``local``'s device. A collective: every learner must call it, with
     the same C. A learner handed no episodes never gets here (RLlib skips its update) and the
     others would wait for it, so the caller gives every learner at least one
-    (:func:`haepo_ray.algorithm.update_on_episodes`); an empty row set that does arrive is an
+    (:func:`haepo_ray.rl.algorithm.update_on_episodes`); an empty row set that does arrive is an
     error on every learner alike.
     """
     local = local.detach()

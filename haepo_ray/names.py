@@ -8,7 +8,7 @@ or tag changes in one line.
 from __future__ import annotations
 
 # The spec's (and ``haepo train --set``'s) name for a kind's batch size: RLlib's episodes or
-# timesteps per batch (haepo_ray.configs), a language-model update's prompts (batch_prompts).
+# timesteps per batch (haepo_ray.rl.configs), a language-model update's prompts (batch_prompts).
 BATCH_SIZE_ALIAS = "batch_size"
 
 # --- Tune / RLlib result keys ("/"-flattened) ---------------------------------------------
@@ -21,7 +21,7 @@ EPISODE_RETURN_MEAN = "env_runners/episode_return_mean"
 EPISODE_RETURN_MIN = "env_runners/episode_return_min"
 EPISODE_RETURN_MAX = "env_runners/episode_return_max"
 EPISODE_LEN_MEAN = "env_runners/episode_len_mean"
-# The paper's per-episode metrics (haepo_ray.callbacks.EpisodeInfoMetrics).
+# The paper's per-episode metrics (haepo_ray.rl.callbacks.EpisodeInfoMetrics).
 REGRET_PER_STEP = "env_runners/regret_per_step_mean"
 SUCCESS_RATE = "env_runners/success_rate"
 # Learner metrics of the default module; HAEPO and the baselines log the policy entropy as
@@ -29,7 +29,7 @@ SUCCESS_RATE = "env_runners/success_rate"
 LEARNER = "learners/default_policy"
 POLICY_ENTROPY = f"{LEARNER}/policy_entropy"
 POLICY_ENTROPY_KEYS = (POLICY_ENTROPY, f"{LEARNER}/entropy")
-# HAEPO's learner diagnostics (haepo_ray.learner).
+# HAEPO's learner diagnostics (haepo_ray.rl.learner).
 WEIGHT_ENTROPY = f"{LEARNER}/weight_entropy"
 KL_TO_REFERENCE = f"{LEARNER}/kl_to_reference"
 EFFECTIVE_NUM_TRAJECTORIES = f"{LEARNER}/effective_num_trajectories"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from haepo_ray.algorithm import HAEPOConfig
-from haepo_ray.callbacks import EpisodeInfoMetrics
+from haepo_ray.rl.algorithm import HAEPOConfig
+from haepo_ray.rl.callbacks import EpisodeInfoMetrics
 
 CHAIN = "haepo/ChainMDP-v0"
 BANDIT = "haepo/GaussianBandit-v0"
@@ -192,7 +192,7 @@ def test_lean_sampling_reproduces_rllibs_loop_exactly(ray_session):
 
 def _demand_streams(seed: int, worker_index: int, envs: int = 4, calls: int = 5) -> list[tuple]:
     """Each sub-env's newsvendor demands over ``calls`` batches of one episode per env."""
-    from haepo_ray.env_runner import HAEPOEnvRunner
+    from haepo_ray.rl.env_runner import HAEPOEnvRunner
 
     config = (HAEPOConfig().environment("haepo/Newsvendor-v0")
               .env_runners(num_envs_per_env_runner=envs).debugging(seed=seed))
@@ -525,7 +525,7 @@ class _Episode:
 
 
 def test_whole_episodes_are_sharded_without_splitting():
-    from haepo_ray.algorithm import shard_whole_episodes
+    from haepo_ray.rl.algorithm import shard_whole_episodes
 
     episodes = [_Episode(n) for n in (500, 3, 3, 3, 200, 10, 1)]
     shards = shard_whole_episodes(episodes, 3)

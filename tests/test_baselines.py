@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from haepo_ray.baselines import DPO, GRPO, DPOConfig, GRPOConfig
-from haepo_ray.baselines.losses import GRPO_ADVANTAGE_EPS, dpo_loss, group_advantage, grpo_loss, preference_pairs
+from haepo_ray.rl.baselines import DPO, GRPO, DPOConfig, GRPOConfig
+from haepo_ray.baseline_losses import GRPO_ADVANTAGE_EPS, dpo_loss, group_advantage, grpo_loss, preference_pairs
 
 F64 = torch.float64
 CHAIN = "haepo/ChainMDP-v0"
@@ -334,7 +334,7 @@ def test_defaults_validate_with_the_documented_references():
 
 
 def test_a_sweep_spec_names_the_baselines_in_a_fresh_interpreter():
-    """The sweep loader resolves the baselines by name (haepo_ray.registry), nothing imported first."""
+    """The sweep loader resolves the baselines by name (haepo_ray.rl.registry), nothing imported first."""
     code = (
         "from haepo_ray.sweep.plan import parse_plan\n"
         "for name, key in (('DPO', 'dpo_beta'), ('GRPO', 'clip_param')):\n"

@@ -66,7 +66,7 @@ def scrape(port: int) -> set[str]:
 @pytest.fixture(scope="module")
 def trial(ray_session):
     """A HAEPO algorithm outside Tune that has trained once, so its gauges exist."""
-    from haepo_ray.algorithm import HAEPOConfig
+    from haepo_ray.rl.algorithm import HAEPOConfig
 
     algo = HAEPOConfig().environment("haepo/ChainMDP-v0").build_algo()
     try:

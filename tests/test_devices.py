@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from haepo_ray.algorithm import HAEPOConfig
-from haepo_ray.learner import REFERENCE_STATE
+from haepo_ray.rl.algorithm import HAEPOConfig
+from haepo_ray.rl.learner import REFERENCE_STATE
 
 CHAIN = "haepo/ChainMDP-v0"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from haepo_ray.baselines.losses import dpo_loss, group_advantage
+from haepo_ray.baseline_losses import dpo_loss, group_advantage
 from haepo_ray.listwise import Shard, listwise_loss
 from haepo_ray.loss import haepo_loss
 
@@ -99,9 +99,9 @@ def _float64_learner(base: type) -> type:
 
 
 def _config(algorithm: str, num_learners: int):
-    from haepo_ray.algorithm import HAEPOConfig
-    from haepo_ray.baselines.dpo import DPOConfig
-    from haepo_ray.baselines.grpo import GRPOConfig
+    from haepo_ray.rl.algorithm import HAEPOConfig
+    from haepo_ray.rl.baselines.dpo import DPOConfig
+    from haepo_ray.rl.baselines.grpo import GRPOConfig
 
     config = {
         # "behavior": the episodes' own log-probs, unlike the policy's: the KL term acts.
@@ -124,7 +124,7 @@ def _config(algorithm: str, num_learners: int):
 
 
 def _update(algorithm: str, num_learners: int, episodes: list, state=None):
-    from haepo_ray.algorithm import update_on_episodes
+    from haepo_ray.rl.algorithm import update_on_episodes
 
     config = _config(algorithm, num_learners)
     config.learners(learner_class=_float64_learner(config.get_default_learner_class()))

@@ -110,7 +110,7 @@ def test_effective_number_of_trajectories_and_weight_options(tiny_lm):
 
 
 def test_grpo_on_padded_token_rows_equals_grpo_on_flat_steps(tiny_lm):
-    from haepo_ray.baselines.losses import grpo_loss
+    from haepo_ray.baseline_losses import grpo_loss
 
     model, tokenizer = tiny_lm
     batch = _batch(tokenizer)

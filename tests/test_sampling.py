@@ -1,4 +1,4 @@
-"""The pieces of HAEPO's env runner (haepo_ray.sampling): the lean path's episode cutting,
+"""The pieces of HAEPO's env runner (haepo_ray.rl.sampling): the lean path's episode cutting,
 seeding and random-state checkpoints, and how the runner picks its vector env."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from haepo_ray.envs import GaussianBanditVectorEnv, RandomWalkEnv, RandomWalkVectorEnv
-from haepo_ray.sampling import lean, seeding
+from haepo_ray.rl.sampling import lean, seeding
 
 
 class ScriptedPolicy:
@@ -132,7 +132,7 @@ def test_random_state_round_trip_continues_a_vectorised_env_identically():
 
 def _runner(env: str, callbacks=None, **env_runners):
     from haepo_ray import HAEPOConfig
-    from haepo_ray.env_runner import HAEPOEnvRunner
+    from haepo_ray.rl.env_runner import HAEPOEnvRunner
 
     config = HAEPOConfig().environment(env).env_runners(num_envs_per_env_runner=4, **env_runners).debugging(seed=0)
     if callbacks is not None:
@@ -158,8 +158,8 @@ def test_the_runner_uses_a_vector_entry_point_where_the_env_offers_one(ray_sessi
 
 
 def test_rllibs_loop_keeps_sync_envs_in_rounds(ray_session):
-    from haepo_ray.callbacks import EpisodeInfoMetrics
-    from haepo_ray.sampling import rounds
+    from haepo_ray.rl.callbacks import EpisodeInfoMetrics
+    from haepo_ray.rl.sampling import rounds
 
     class PerStep(EpisodeInfoMetrics):
         def on_episode_step(self, **kwargs) -> None:

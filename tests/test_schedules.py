@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from haepo_ray.schedules import parse_schedule
+from haepo_ray.rl.schedules import parse_schedule
 
 
 def test_constant():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from haepo_ray.upstream import rllib as rllib_internals
-from haepo_ray.algorithm import HAEPOConfig
+from haepo_ray.rl.algorithm import HAEPOConfig
 
 
 def _frames_both_ways():

@@ -7,12 +7,12 @@ Each prompt's completions form one group; the update's loss is the mean of the g
   weight collapse: on SmolLM2 the L_k of 24-32-token completions differ by 10-30 nats, so the
   plain sum (the paper's, the default) gives one-hot weights. The effective number of
   trajectories 1 / sum_k w_k^2 is returned every update to show it.
-- GRPO: :func:`haepo_ray.baselines.losses.grpo_loss` with tokens as steps and the group as
+- GRPO: :func:`haepo_ray.baseline_losses.grpo_loss` with tokens as steps and the group as
   the batch: token-level clipped ratio, k3 KL to the reference, the policy's token entropy,
   the advantage (R_k - mean R) / (std R + 1e-4) with the group's sample std, as TRL's.
   By default one optimisation step per batch, so the behaviour policy is the current one
   (ratio 1); with ``num_iterations`` > 1 the ratio is to the old policy's log-probs.
-- DPO: :func:`haepo_ray.baselines.losses.dpo_loss` on [gold, sample_1..sample_M] with returns
+- DPO: :func:`haepo_ray.baseline_losses.dpo_loss` on [gold, sample_1..sample_M] with returns
   [1, 0, .., 0]: exactly the M pairs "gold preferred to sample j"; the reference is the SFT
   checkpoint.
 
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from haepo_ray.baselines.losses import dpo_loss, grpo_token_loss
+from haepo_ray.baseline_losses import dpo_loss, grpo_token_loss
 from haepo_ray.llm.rollout import Batch, sequence_logp, token_stats
 from haepo_ray.llm.settings import ObjectiveSettings
 from haepo_ray.loss import haepo_loss, is_fake
@@ -83,7 +83,7 @@ class HAEPOObjective(Objective):
 
 
 class GRPOObjective(Objective):
-    """:func:`haepo_ray.baselines.losses.grpo_token_loss` with tokens as steps, the group as the
+    """:func:`haepo_ray.baseline_losses.grpo_token_loss` with tokens as steps, the group as the
     batch and the old policy (by default the current one) as the behaviour policy."""
 
     with_entropy = True
@@ -95,7 +95,7 @@ class GRPOObjective(Objective):
 
 
 class DPOObjective(Objective):
-    """:func:`haepo_ray.baselines.losses.dpo_loss` on [gold, sample_1..sample_M], gold preferred."""
+    """:func:`haepo_ray.baseline_losses.dpo_loss` on [gold, sample_1..sample_M], gold preferred."""
 
     with_gold = True
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from haepo_ray import configs, names
-from haepo_ray.registry import UnknownAlgorithm
+from haepo_ray.rl.registry import UnknownAlgorithm
 from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec

@@ -124,9 +124,9 @@ def _is_nan(value: Any) -> bool:
 
 @cache
 def sweep_trainable(algorithm: str, metric: str | None) -> type[SweepTrainable]:
-    """The sweep trainable for an RLlib algorithm (:func:`haepo_ray.registry.algorithm_class`),
+    """The sweep trainable for an RLlib algorithm (:func:`haepo_ray.rl.registry.algorithm_class`),
     named like it."""
-    from haepo_ray.registry import algorithm_class
+    from haepo_ray.rl.registry import algorithm_class
 
     algo_cls = algorithm_class(algorithm)
     return type(algorithm, (SweepTrainable,), {

@@ -37,13 +37,13 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from haepo_ray.callbacks import EpisodeInfoMetrics
-from haepo_ray.env_runner import HAEPOEnvRunner
+from haepo_ray.rl.callbacks import EpisodeInfoMetrics
+from haepo_ray.rl.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
-from haepo_ray.learner import TRAINING_ITERATION
+from haepo_ray.rl.learner import TRAINING_ITERATION
 from haepo_ray.loss import NORMALIZATIONS
-from haepo_ray.metrics import MetricsExporter
-from haepo_ray.schedules import ScheduleSpec, parse_schedule
+from haepo_ray.rl.metrics import MetricsExporter
+from haepo_ray.rl.schedules import ScheduleSpec, parse_schedule
 from haepo_ray.upstream import rllib as rllib_internals
 
 REFERENCE_POLICIES = ("lagged", "initial", "behavior")
@@ -85,11 +85,11 @@ class HAEPOConfig(AlgorithmConfig):
         Args:
             episodes_per_batch: M, the number of complete episodes per update.
             beta_ent: weight of the entropy bonus, a number or a schedule over env steps
-                (see :mod:`haepo_ray.schedules`).
+                (see :mod:`haepo_ray.rl.schedules`).
             beta_kl: weight of the KL penalty towards the reference policy, same forms.
             reward_normalization: ``"zscore"``, ``"sum"`` or ``"none"``.
             reference_policy: ``"lagged"`` (default), ``"initial"`` or ``"behavior"``;
-                see :class:`haepo_ray.learner.HAEPOTorchLearner`.
+                see :class:`haepo_ray.rl.learner.HAEPOTorchLearner`.
             reference_update_interval: training iterations (``train()`` calls, however
                 many updates and ``num_epochs`` gradient steps each runs) between refreshes
                 of the ``"lagged"`` reference.
@@ -158,7 +158,7 @@ class HAEPOConfig(AlgorithmConfig):
         return RLModuleSpec(module_class=DefaultBCTorchRLModule)
 
     def get_default_learner_class(self) -> type:
-        from haepo_ray.learner import HAEPOTorchLearner
+        from haepo_ray.rl.learner import HAEPOTorchLearner
 
         return HAEPOTorchLearner
 

@@ -12,9 +12,9 @@ from importlib import import_module
 
 # name -> (module, class); the modules import RLlib, so they load on first use.
 ALGORITHMS: dict[str, tuple[str, str]] = {
-    "HAEPO": ("haepo_ray.algorithm", "HAEPO"),
-    "DPO": ("haepo_ray.baselines.dpo", "DPO"),
-    "GRPO": ("haepo_ray.baselines.grpo", "GRPO"),
+    "HAEPO": ("haepo_ray.rl.algorithm", "HAEPO"),
+    "DPO": ("haepo_ray.rl.baselines.dpo", "DPO"),
+    "GRPO": ("haepo_ray.rl.baselines.grpo", "GRPO"),
 }
 
 

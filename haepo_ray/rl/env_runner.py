@@ -4,23 +4,23 @@ HAEPO's listwise weights assume the M episodes of a batch are i.i.d. draws of th
 policy. RLlib's ``sample(num_episodes=n)`` favours short episodes (with several envs it
 returns the first n to finish), re-seeds every env at every call (every batch replays the
 same initial states and env noise) and seeds sub-envs so that runners and trial seeds
-share streams. This runner composes the pieces of :mod:`haepo_ray.sampling`:
+share streams. This runner composes the pieces of :mod:`haepo_ray.rl.sampling`:
 
-- seeding (:mod:`~haepo_ray.sampling.seeding`): an independent stream per sub-env, seeded
+- seeding (:mod:`~haepo_ray.rl.sampling.seeding`): an independent stream per sub-env, seeded
   at the first reset only, and carried through checkpoints with PyTorch's sampler: a
   restored algorithm with one env runner (``num_env_runners=0``) continues exactly as the
   original would have; with remote runners, the runner whose state was saved takes it
   back and the others keep their own seeded streams;
-- the lean path (:mod:`~haepo_ray.sampling.lean`) wherever it fits: one batched forward
+- the lean path (:mod:`~haepo_ray.rl.sampling.lean`) wherever it fits: one batched forward
   pass per step, the first n episodes to start; where the env offers gymnasium's vector
   entry point (CartPole, the paper's bandit and random walk) and the config keeps RLlib's
   default ``gym_env_vectorize_mode="sync"``, the runner builds that vectorised env
   instead (its copy of the config says so);
 - otherwise RLlib's own loop, in rounds of one episode per env
-  (:mod:`~haepo_ray.sampling.rounds`).
+  (:mod:`~haepo_ray.rl.sampling.rounds`).
 
 :class:`IndependentSeedsEnvRunner` is the seeding alone, for algorithms that sample the
-RLlib way (PPO): :func:`haepo_ray.configs.apply_defaults`.
+RLlib way (PPO): :func:`haepo_ray.rl.configs.apply_defaults`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from haepo_ray.sampling import lean, rounds, seeding
+from haepo_ray.rl.sampling import lean, rounds, seeding
 from haepo_ray.upstream import rllib as rllib_internals
 from haepo_ray.upstream.tune import registered_env_creator
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 class IndependentSeedsEnvRunner(rllib_internals.SamplingHooks):
     """RLlib's SingleAgentEnvRunner with an independent seed per random stream
-    (:func:`haepo_ray.sampling.seeding.independent_seeds`)."""
+    (:func:`haepo_ray.rl.sampling.seeding.independent_seeds`)."""
 
     def __init__(self, *, config, **kwargs: Any):
         super().__init__(config=config, **kwargs)

@@ -7,7 +7,7 @@
   :func:`group_advantage` (TRL's ``GRPOTrainer``'s: sample std plus eps).
 
 Each function's docstring gives its formula, with the paper's equation in a comment where it
-is computed; :mod:`haepo_ray.baselines.dpo` and :mod:`haepo_ray.baselines.grpo` give the
+is computed; :mod:`haepo_ray.rl.baselines.dpo` and :mod:`haepo_ray.rl.baselines.grpo` give the
 full formulations and the choices made to apply them to RL episodes. Trajectory
 log-likelihoods enter DPO only through ``logsigmoid`` of differences, so episodes whose
 L_k are in the thousands give neither NaN nor underflow. This module imports nothing from Ray.

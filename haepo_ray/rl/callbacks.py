@@ -4,7 +4,7 @@ The paper plots per-step regret (bandit) and success rate (random walk). The env
 ``regret`` and ``success`` in their step infos; this callback logs, per completed
 episode, the mean regret per step and whether it succeeded, under ``env_runners/`` in
 every algorithm's results: HAEPO and the baselines have it by default, and sweeps and
-``haepo train`` add it to other algorithms (RLlib's PPO): :func:`haepo_ray.configs.apply_defaults`.
+``haepo train`` add it to other algorithms (RLlib's PPO): :func:`haepo_ray.rl.configs.apply_defaults`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the batch of M complete episodes of every training iteration being the group::
   computes DeepSeekMath's advantage (HAEPO's z-score keeps the paper's population std). All
   returns equal (M = 1 included) gives A = 0: no policy-gradient signal from that batch, only
   the KL and entropy terms. ``"sum"`` and ``"none"`` swap in HAEPO's other normalisations as
-  variants (:func:`~haepo_ray.baselines.losses.group_advantage`).
+  variants (:func:`~haepo_ray.baseline_losses.group_advantage`).
   Every step of episode k shares A_k, and each episode weighs 1/M whatever its length.
 - D_t = pi_ref/pi - log(pi_ref/pi) - 1, Eq. 4's unbiased KL estimate, weighted by ``beta_kl``
   (default 0.04, DeepSeekMath's value).
@@ -33,7 +33,7 @@ the batch of M complete episodes of every training iteration being the group::
   mean: ``grpo_loss`` on its own episodes (a mean over its M_i) times M_i / M. The shares
   sum to the loss of the group, and N learners make the update one learner makes.
 
-See :func:`haepo_ray.baselines.losses.grpo_loss` for the loss itself.
+See :func:`haepo_ray.baseline_losses.grpo_loss` for the loss itself.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ import torch
 from ray.rllib.algorithms.algorithm_config import NotProvided
 from torch import Tensor
 
-from haepo_ray.algorithm import HAEPO, HAEPOConfig
-from haepo_ray.baselines.losses import group_advantage, grpo_loss
-from haepo_ray.learner import EpisodeBatch, HAEPOTorchLearner
+from haepo_ray.rl.algorithm import HAEPO, HAEPOConfig
+from haepo_ray.baseline_losses import group_advantage, grpo_loss
+from haepo_ray.rl.learner import EpisodeBatch, HAEPOTorchLearner
 from haepo_ray.listwise import all_reduce_sum
 from haepo_ray.upstream import rllib as rllib_internals
 

@@ -15,7 +15,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from haepo_ray.names import BATCH_SIZE_ALIAS
-from haepo_ray.registry import algorithm_class
+from haepo_ray.rl.registry import algorithm_class
 from haepo_ray.upstream import rllib as rllib_internals
 
 
@@ -25,8 +25,8 @@ def apply_defaults(config: AlgorithmConfig) -> AlgorithmConfig:
     callbacks, and an independent seed per sub-env where it has RLlib's default env runner."""
     from ray.rllib.callbacks.callbacks import RLlibCallback
 
-    from haepo_ray.callbacks import EpisodeInfoMetrics
-    from haepo_ray.env_runner import IndependentSeedsEnvRunner
+    from haepo_ray.rl.callbacks import EpisodeInfoMetrics
+    from haepo_ray.rl.env_runner import IndependentSeedsEnvRunner
 
     if config.callbacks_class is RLlibCallback:
         config.callbacks(EpisodeInfoMetrics)
@@ -160,7 +160,7 @@ def build_config(
     """The (unvalidated) AlgorithmConfig of ``algorithm`` on ``env``: defaults, haepo-ray's
     defaults, ``resources`` (cpus, gpus), ``seed``, then ``settings`` by name.
 
-    Raises :class:`haepo_ray.registry.UnknownAlgorithm` or ``ValueError`` (unknown setting).
+    Raises :class:`haepo_ray.rl.registry.UnknownAlgorithm` or ``ValueError`` (unknown setting).
     """
     config = algorithm_class(algorithm).get_default_config()
     config.environment(env, env_config=dict(env_config or {}))

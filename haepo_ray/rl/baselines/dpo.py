@@ -22,7 +22,7 @@ of M complete episodes of every training iteration::
 - With ``num_learners > 1`` the pairs are those of the whole batch, whichever learner holds
   each episode (HAEPO's listwise loss across learners, :mod:`haepo_ray.listwise`).
 
-See :func:`haepo_ray.baselines.losses.dpo_loss` for the loss itself.
+See :func:`haepo_ray.baseline_losses.dpo_loss` for the loss itself.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import NotProvided
 from torch import Tensor
 
-from haepo_ray.algorithm import HAEPO, HAEPOConfig
-from haepo_ray.baselines.losses import dpo_loss
-from haepo_ray.learner import EpisodeBatch, HAEPOTorchLearner
+from haepo_ray.rl.algorithm import HAEPO, HAEPOConfig
+from haepo_ray.baseline_losses import dpo_loss
+from haepo_ray.rl.learner import EpisodeBatch, HAEPOTorchLearner
 from haepo_ray.upstream import rllib as rllib_internals
 
 __all__ = ["DPO", "DPOConfig", "DPOTorchLearner"]

@@ -12,14 +12,14 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from ray.rllib.utils.typing import ModuleID, TensorType
 
-from haepo_ray.connectors import EPISODE_INDEX, EPISODE_RETURN, AddEpisodeIndexAndReturn
+from haepo_ray.rl.connectors import EPISODE_INDEX, EPISODE_RETURN, AddEpisodeIndexAndReturn
 from haepo_ray.listwise import LossOutput, Shard, gather_episodes, listwise_loss
 from haepo_ray.loss import haepo_loss, trajectory_log_likelihood
-from haepo_ray.schedules import parse_schedule
+from haepo_ray.rl.schedules import parse_schedule
 from haepo_ray.upstream import rllib as rllib_internals
 
 if TYPE_CHECKING:
-    from haepo_ray.algorithm import HAEPOConfig
+    from haepo_ray.rl.algorithm import HAEPOConfig
 
 REFERENCE_STATE = "haepo_reference"
 # Key of ``timesteps`` (Learner.update) holding the Algorithm's completed training iterations.
