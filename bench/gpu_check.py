@@ -13,7 +13,7 @@ tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
 
 The configurations (:data:`CONFIGS`): those settings as given (micro-batches of 4), the whole
 update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpointing, and a
-planned fit (HAEPO only: :class:`haepo_ray.sweep.llm_fit.GPUFit` plans the whole update in one
+planned fit (HAEPO only: :class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one
 pass against :data:`PLAN_GIB` of memory, and the step runs with its choice).
 
 Per algorithm, on ``--device cuda``:
@@ -66,7 +66,7 @@ from haepo_ray.llm.capacity.measure import measure, run_cuda, time_step  # noqa:
 from haepo_ray.llm.capacity.model_configs import model_config  # noqa: E402
 from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes  # noqa: E402
 from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings  # noqa: E402
-from haepo_ray.sweep.llm_fit import GPUFit, estimate_keys  # noqa: E402
+from haepo_ray.sweep.kinds.llm.fit import GPUFit, estimate_keys  # noqa: E402
 
 GIB = 2**30
 # tune_configs/paper/tldr_*.yaml's memory settings; (prompt tokens, settings) per model

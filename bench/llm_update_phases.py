@@ -44,7 +44,7 @@ from haepo_ray.llm.capacity.estimate import estimate
 from haepo_ray.llm.data import format_prompt
 from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings
 from haepo_ray.llm.train import LLMRun
-from haepo_ray.sweep.plan import load_plan
+from haepo_ray.sweep.kinds import load_plan
 from haepo_ray.sweep.planned import planned_trials
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -127,7 +127,7 @@ def build_store(db: Path, runs: int, lean: bool = False) -> str:
 
     from haepo_ray import names
     from haepo_ray.provenance import provenance
-    from haepo_ray.sweep.plan import parse_plan
+    from haepo_ray.sweep.kinds import parse_plan
     from haepo_ray.tracking.schema import SWEEP_ROLE, TRIAL_ROLE, params_of, result_tags
 
     db.parent.mkdir(parents=True, exist_ok=True)

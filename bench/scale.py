@@ -380,7 +380,7 @@ def actor_profile_hook():
     from ray.tune.trainable import Trainable
 
     from haepo_ray.rl.algorithm import HAEPO
-    from haepo_ray.sweep.trainable import SweepTrainable
+    from haepo_ray.sweep.kinds.rl.trainable import SweepTrainable
 
     pid = _os.getpid()
     log = open(f"{folder}/actor-{pid}.jsonl", "a", buffering=1)
@@ -498,7 +498,7 @@ def sweep_in_process(args, root: Path, server: MLflowServer, store: Store, monit
     import ray
 
     from haepo_ray.envs import register_with_ray
-    from haepo_ray.sweep.plan import parse_plan
+    from haepo_ray.sweep.kinds import parse_plan
     from haepo_ray.sweep.runner import run_sweep
 
     n, slots = args.trials, args.slots

@@ -115,7 +115,7 @@ def iterations_child(batch_size: int, iterations: int) -> dict:
     torch.set_num_threads(1)
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     from haepo_ray.envs import register_with_ray
-    from haepo_ray.sweep.plan import load_plan
+    from haepo_ray.sweep.kinds import load_plan
 
     register_with_ray()
     plan = load_plan(Path.cwd() / "tune_configs" / "paper" / "bandit_k10_haepo.yaml")
@@ -169,7 +169,7 @@ def bench_iterations(code: list[str], batch_sizes: list[int], repeats: int, iter
 
 
 def tiny_spec(name: str, reuse: bool, iterations: int = 3):
-    from haepo_ray.sweep.plan import parse_plan
+    from haepo_ray.sweep.kinds import parse_plan
 
     return parse_plan({
         "name": name,
@@ -291,7 +291,7 @@ def bench_tiny(root: Path, slots: int) -> list[dict]:
 
 
 def bench_paper_bandit(root: Path, slots: int, ks: list[int], track: bool = True) -> list[dict]:
-    from haepo_ray.sweep.plan import load_plan
+    from haepo_ray.sweep.kinds import load_plan
 
     rows = []
     for k in ks:

@@ -70,7 +70,7 @@ def main() -> int:
 
     import ray
 
-    from haepo_ray.sweep.plan import parse_plan
+    from haepo_ray.sweep.kinds import parse_plan
     from haepo_ray.sweep.results import TrialRecorder
     from haepo_ray.sweep.runner import run_sweep
     from scale import spec_data

@@ -31,7 +31,7 @@ from scale import spec_data  # noqa: E402
 
 def timing_hook() -> None:
     """In each Ray worker: time ``reset_config``; ``HAEPO_BENCH_UNPATCHED`` turns the patches off."""
-    from haepo_ray.sweep import trainable
+    from haepo_ray.sweep.kinds.rl import trainable
 
     if os.environ.get("HAEPO_BENCH_UNPATCHED"):
         os.environ["HAEPO_PATCHES"] = "required"  # the optional patches left out
@@ -50,7 +50,7 @@ def timing_hook() -> None:
 def run(variant: str, trials: int) -> dict:
     import ray
 
-    from haepo_ray.sweep.plan import parse_plan
+    from haepo_ray.sweep.kinds import parse_plan
     from haepo_ray.sweep.runner import run_sweep
 
     work = Path(tempfile.mkdtemp(prefix="haepo-reset-"))

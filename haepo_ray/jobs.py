@@ -255,8 +255,8 @@ class Submission:
 def build_submission(args: SubmitOptions) -> Submission:
     """The entrypoint, runtime_env and metadata of a sweep job; raises JobError."""
     from haepo_ray import __version__
-    from haepo_ray.sweep.plan import resolve_plan
-    from haepo_ray.sweep.spec import SpecError, load_spec
+    from haepo_ray.sweep.kinds import load_spec, resolve_plan
+    from haepo_ray.sweep.spec import SpecError
 
     spec_path = Path(args.spec).expanduser()
     if not spec_path.is_file():

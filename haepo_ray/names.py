@@ -61,7 +61,7 @@ LLM_EVAL_METRICS = (LLM_REWARD, LLM_TOKEN_F1, LLM_SEMANTIC_SIMILARITY, LLM_LENGT
                     LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE, LLM_KL)
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"
-# Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.trainable).
+# Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.kinds.rl.trainable).
 CARRIED_OVER = "haepo_carried_over"
 # The trial process's provenance tags (haepo_ray.provenance), in every result of a sweep trial.
 PROVENANCE = "haepo_provenance"

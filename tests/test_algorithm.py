@@ -220,7 +220,7 @@ def test_env_streams_are_independent_across_envs_runners_and_seeds(ray_session):
 def test_rllib_loop_seeds_every_sub_env_independently(ray_session, runner_name):
     """The first observations of 4 CartPoles of runners (seed 0, runner 1), (0, 2) and (1, 1),
     sampled through RLlib's loop (as PPO samples): 12 distinct initial states, reproducible."""
-    from haepo_ray import env_runner
+    from haepo_ray.rl import env_runner
 
     def first_observations(seed: int, worker_index: int) -> list[tuple]:
         config = (HAEPOConfig().environment("CartPole-v1")

@@ -336,7 +336,7 @@ def test_defaults_validate_with_the_documented_references():
 def test_a_sweep_spec_names_the_baselines_in_a_fresh_interpreter():
     """The sweep loader resolves the baselines by name (haepo_ray.rl.registry), nothing imported first."""
     code = (
-        "from haepo_ray.sweep.plan import parse_plan\n"
+        "from haepo_ray.sweep.kinds import parse_plan\n"
         "for name, key in (('DPO', 'dpo_beta'), ('GRPO', 'clip_param')):\n"
         "    plan = parse_plan({'algorithm': name, 'env': 'haepo/ChainMDP-v0', 'settings': {key: 0.3},\n"
         "                       'stop': {'iterations': 1}})\n"

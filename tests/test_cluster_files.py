@@ -205,7 +205,7 @@ def test_raycluster_has_what_the_operator_and_we_need():
 
 
 def test_rayjob_runs_a_sweep_spec_on_the_cluster():
-    from haepo_ray.sweep.spec import load_spec
+    from haepo_ray.sweep.kinds import load_spec
 
     job = load(K8S / "rayjob.yaml")
     rc = load(K8S / "raycluster.yaml")

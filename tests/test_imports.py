@@ -73,7 +73,7 @@ def test_the_checker_sees_a_lazy_cycle():
 
 def test_no_module_imports_one_that_imports_it_back():
     graph = import_graph()
-    assert "haepo_ray.sweep.llm_trainable" in graph["haepo_ray.sweep.llm_plan"]  # the graph sees lazy imports
+    assert "haepo_ray.sweep.kinds.llm.trainable" in graph["haepo_ray.sweep.kinds.llm.plan"]  # the graph sees lazy imports
     assert cycles(graph) == []
 
 

@@ -1,4 +1,4 @@
-"""Trials planned to fit their GPU (``llm.fit: auto``, haepo_ray.sweep.llm_fit.plan_fit): the
+"""Trials planned to fit their GPU (``llm.fit: auto``, haepo_ray.sweep.kinds.llm.fit.plan_fit): the
 plan's settings keep the trial's gradients, fit, and are the fastest fitting combination the
 search simulated; a trial that nothing fits, or ``llm.fit: refuse``, is refused.
 
@@ -20,9 +20,9 @@ from haepo_ray.llm.objectives import OBJECTIVES, backward, group_loss
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rollout import token_stats
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.llm_config import trial_settings
-from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, _with, check_own_fit, micro_batch_sizes
-from haepo_ray.sweep.plan import parse_plan
+from haepo_ray.sweep.kinds.llm.config import trial_settings
+from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, _with, check_own_fit, micro_batch_sizes
+from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.spec import SpecError
 from helpers import RETURNS, group_batch
 
@@ -117,7 +117,7 @@ def test_a_trial_that_nothing_fits_is_refused_with_its_smallest_peak_and_what_do
                          r"reserved ([\d.]+) GiB \(allocated peak [\d.]+ GiB in (\w+)\) \+ 0 GiB reserve > 0\.5 GiB "
                          r"\(llm\.gpu_memory_gb\); (\w+) ([\d.e-]+) GiB of it: try (.+)", message)
     assert match, message
-    from haepo_ray.sweep.llm_fit import estimate_keys
+    from haepo_ray.sweep.kinds.llm.fit import estimate_keys
 
     smallest = _with(key, 1, True)
     grid = [_with(key, s, c) for s in micro_batch_sizes(key, workers=0) for c in (False, True)]

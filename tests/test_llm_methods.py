@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ray.tune.search.variant_generator import generate_variants
 
-from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.kinds import load_plan, parse_plan
 from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.spec import SpecError
 
@@ -43,7 +43,7 @@ def test_each_trial_runs_its_method_and_logs_the_values_it_ran_with():
     assert [plan.search_values(c)["algorithm"] for c in configs[:3]] == [
         {"algo": "HAEPO"}, {"algo": "HAEPO", "length_normalize": True}, {"algo": "GRPO"}]
     # what the trial builds from its config, and what the dry run checks for each planned trial
-    from haepo_ray.sweep.llm_config import trial_settings
+    from haepo_ray.sweep.kinds.llm.config import trial_settings
 
     settings = [trial_settings(c) for c in configs]
     assert [(s.algo, s.length_normalize) for s in settings[:3]] == [("HAEPO", False), ("HAEPO", True), ("GRPO", False)]

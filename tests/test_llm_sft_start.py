@@ -130,7 +130,7 @@ def test_a_second_asker_waits_for_the_maker_and_loads(tmp_path):
 
 def test_dry_run_shows_which_trials_share_a_start():
     from haepo_ray.sweep.dry_run import dry_run
-    from haepo_ray.sweep.plan import load_plan
+    from haepo_ray.sweep.kinds import load_plan
 
     plan = load_plan(REPO / "tune_configs" / "llm_smoke.yaml")
     out = io.StringIO()

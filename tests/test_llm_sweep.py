@@ -33,8 +33,8 @@ from mlflow.tracking import MlflowClient
 from haepo_ray import names
 from haepo_ray.llm.sft_start import MARKER, start_key
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.llm_fit import config_memory_key
-from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.kinds.llm.fit import config_memory_key
+from haepo_ray.sweep.kinds import load_plan, parse_plan
 from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking import find_sweep_runs

@@ -20,7 +20,7 @@ from haepo_ray.report import build_report
 from haepo_ray.report.aggregate import Group, group_trials
 from haepo_ray.report.figures import write_figures
 from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
-from haepo_ray.sweep.plan import parse_plan
+from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]

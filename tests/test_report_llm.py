@@ -1,5 +1,5 @@
 """``haepo report`` on language-model sweeps: a real SQLite MLflow store holding the runs a
-language-model sweep writes (haepo_ray.sweep.llm_trainable through the tracking callback: tag
+language-model sweep writes (haepo_ray.sweep.kinds.llm.trainable through the tracking callback: tag
 ``haepo.model``, one step per RL update), with values chosen so every table cell is a sum by
 hand. No model is trained here (tests/test_llm_sweep.py runs a real sweep). Each metric is
 logged three times, as a trial logs it: the held-out evaluation's greedy (``eval/greedy/*``)

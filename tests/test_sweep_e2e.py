@@ -27,10 +27,10 @@ from ray import cloudpickle
 
 from haepo_ray.envs import ChainMDPEnv
 from haepo_ray.sweep.planned import planned_trials
-from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.kinds import load_plan, parse_plan
 from haepo_ray.sweep.results import format_summary
 from haepo_ray.sweep.runner import run_sweep
-from haepo_ray.sweep.trainable import sweep_trainable
+from haepo_ray.sweep.kinds.rl.trainable import sweep_trainable
 from haepo_ray.tracking import find_sweep_runs
 
 # The flaky env below is defined in this test module, which Ray's workers cannot import.

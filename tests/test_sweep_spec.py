@@ -19,9 +19,9 @@ from haepo_ray import names
 from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.dry_run import dry_run
-from haepo_ray.sweep.llm_fit import CONFIG_KEY, check_own_fit
+from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, check_own_fit
 from haepo_ray.sweep.planned import planned_trials
-from haepo_ray.sweep.plan import load_plan, parse_plan
+from haepo_ray.sweep.kinds import load_plan, parse_plan
 from haepo_ray.sweep.spec import SpecError, load_yaml
 from conftest import ray_temp_dir
 
@@ -78,7 +78,7 @@ def test_every_spec_validates_and_dry_runs(path, model, monkeypatch, tmp_path):
     out = io.StringIO()
     trials = dry_run(plan, out=out)
     text = out.getvalue()
-    assert f"{spec.algorithm} on {spec.env}" in text if spec.llm is None else plan.title in text
+    assert plan.title in text
     count = spec.search.num_samples if trials is None else len(trials)
     assert count == EXPECTED_TRIALS.get(path.stem, count)
     # Optuna suggests its trials as it goes: the dry run says how many, not which
@@ -102,8 +102,8 @@ def test_each_kind_of_trial_answers_the_sweep_from_its_plan():
     files MLflow gets at a run's root, who checkpoints, and the trial's names."""
     from haepo_ray import tracking
     from haepo_ray.sweep import tune_setup
-    from haepo_ray.sweep.llm_plan import LLMPlan
-    from haepo_ray.sweep.rl_plan import RLPlan
+    from haepo_ray.sweep.kinds.llm.plan import LLMPlan
+    from haepo_ray.sweep.kinds.rl.plan import RLPlan
 
     rl = load_plan(REPO / "tune_configs" / "smoke.yaml")
     llm = parse_plan({**yaml.safe_load((REPO / "tune_configs" / "llm_smoke.yaml").read_text()),

@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from haepo_ray import tracking
-from haepo_ray.sweep.plan import parse_plan
+from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.tracking.writer import MAX_PROBE_INTERVAL_S
 

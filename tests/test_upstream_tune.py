@@ -17,7 +17,7 @@ from ray.tune.execution.tune_controller import TuneController
 
 from haepo_ray.upstream import tune as tune_private
 from haepo_ray.sweep.results import TrialRecorder
-from haepo_ray.sweep.plan import parse_plan
+from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import SweepError, run_sweep
 
 TRIALS = 12

@@ -46,7 +46,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from haepo_ray.sweep.dry_run import dry_run
-    from haepo_ray.sweep.plan import load_plan
+    from haepo_ray.sweep.kinds import load_plan
     from haepo_ray.sweep.runner import SweepError, run_sweep
     from haepo_ray.sweep.spec import SpecError
 

@@ -75,7 +75,7 @@ def stop_spec(args: argparse.Namespace) -> StopSpec:
 
 def train_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any]):
     """The validated AlgorithmConfig of ``haepo train`` (:func:`haepo_ray.rl.configs.build_config`)."""
-    from haepo_ray import configs
+    from haepo_ray.rl import configs
     from haepo_ray.envs import check_env_id
     from haepo_ray.rl.registry import UnknownAlgorithm
 

@@ -2,7 +2,7 @@
 (:class:`ObjectiveSettings`), checked when made.
 
 A flat dataclass, so that a sweep spec can set and search each field by name
-(:mod:`haepo_ray.sweep.llm_plan`) and the command line has one option per field
+(:mod:`haepo_ray.sweep.kinds.llm.plan`) and the command line has one option per field
 (:mod:`haepo_ray.cli.llm_options`, help texts from :data:`HELP`);
 :meth:`LLMTrainSettings.objective` derives the loss's settings from it. This module imports
 neither torch nor transformers: the ``haepo`` command builds its parser from it.
@@ -26,7 +26,7 @@ ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float64: exactness tests
 # Loss settings DPO has no term for: its loss (Rafailov et al. 2023, Eq. 7) has no entropy bonus
 # and no KL penalty (dpo_beta is its pull towards the reference). A sweep spec that sets them
-# for DPO trials is refused (haepo_ray.sweep.llm_plan).
+# for DPO trials is refused (haepo_ray.sweep.kinds.llm.plan).
 NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
 # The settings that change a step's memory (haepo_ray.llm.capacity.estimate: trials with the same
 # values have the same estimate); the others change neither memory nor a step's FLOPs.

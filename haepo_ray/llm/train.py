@@ -396,7 +396,7 @@ def train(settings: LLMTrainSettings, out_dir: str | Path, *, reward_fn: RewardF
 
     ``reward_fn`` replaces the paper's :class:`SummaryReward` (tests use a verifiable one);
     ``callback`` receives every metric row as it is written. On several workers (Ray Train),
-    :mod:`haepo_ray.sweep.llm_trainable` drives an :class:`LLMRun` instead.
+    :mod:`haepo_ray.sweep.kinds.llm.trainable` drives an :class:`LLMRun` instead.
     """
     run = LLMRun(settings, out_dir, reward_fn=reward_fn, callback=callback)
     try:

@@ -38,7 +38,7 @@ FINISHED = "FINISHED"
 # Search values a language-model trial's tags already name (its algorithm, model and data set:
 # a sweep over algorithms has "algorithm" in its search space); not part of its configuration,
 # except the settings of a method (an "algorithm" value {"algo": "HAEPO", "length_normalize": true}:
-# haepo_ray.sweep.llm_plan), which are.
+# haepo_ray.sweep.kinds.llm.plan), which are.
 LLM_TAGGED_KEYS = ("algorithm", "model", "data")
 
 

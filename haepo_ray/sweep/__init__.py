@@ -2,16 +2,15 @@
 
 Data flows one way through these modules:
 
-- :mod:`~haepo_ray.sweep.spec`: the spec format, validated (pure schema, no Ray);
-- :mod:`~haepo_ray.sweep.plan`: the spec resolved once to the
-  :class:`~haepo_ray.sweep.plan_base.Plan` of its kind of trial (param space, search keys,
-  trial configs and resources, trainable, step key, metrics, what MLflow tags): RL trials in
-  :mod:`~haepo_ray.sweep.rl_plan`, language-model trials in :mod:`~haepo_ray.sweep.llm_plan`
-  (their config :mod:`~haepo_ray.sweep.llm_config`, their GPU fit :mod:`~haepo_ray.sweep.llm_fit`);
+- :mod:`~haepo_ray.sweep.spec`: the spec format every kind shares, validated (pure schema, no Ray);
+- :mod:`~haepo_ray.sweep.kinds`: the kinds of trial, a package each (``rl``: RLlib algorithms
+  on envs; ``llm``: language models), each with its spec keys, its
+  :class:`~haepo_ray.sweep.plan_base.Plan` (param space, search keys, trial configs and
+  resources, trainable, step key, metrics, what MLflow tags) and its trainable; a spec is
+  read and resolved once, by its kind;
 - :mod:`~haepo_ray.sweep.tune_setup`: the Tune objects (searcher, scheduler, configs);
 - :mod:`~haepo_ray.sweep.runner`: Ray start-up, tracking, run or resume, in the folders of
   :mod:`~haepo_ray.sweep.paths`;
-- :mod:`~haepo_ray.sweep.trainable`, :mod:`~haepo_ray.sweep.llm_trainable`: the trials' trainables;
 - :mod:`~haepo_ray.sweep.results`: trial summaries, the best-trial rule, the printed summary;
 - :mod:`~haepo_ray.sweep.dry_run`: every planned trial, printed, nothing run.
 

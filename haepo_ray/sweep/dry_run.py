@@ -8,7 +8,7 @@ from typing import TextIO
 
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root
-from haepo_ray.sweep.plan import Plan
+from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.planned import PlannedTrial, planned_trials
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tables import format_table

@@ -1,11 +1,10 @@
 """What every kind of trial gives a sweep: the :class:`Plan` interface.
 
-A sweep spec resolves to one plan (:func:`haepo_ray.sweep.plan.resolve_plan` picks the kind
-whose :meth:`Plan.handles` accepts the spec); Tune's setup, the runner, the dry run, tracking
-and the results ask the plan and branch on nothing. The kinds: RL trials
-(:class:`~haepo_ray.sweep.rl_plan.RLPlan`, RLlib algorithms) and language-model trials
-(:class:`~haepo_ray.sweep.llm_plan.LLMPlan`). A new kind is one module with a subclass, listed
-in :data:`haepo_ray.sweep.plan.KINDS`.
+A sweep spec resolves to one plan, its kind's (:func:`haepo_ray.sweep.kinds.resolve_plan`);
+Tune's setup, the runner, the dry run, tracking and the results ask the plan and branch on
+nothing. The kinds: RL trials (:class:`~haepo_ray.sweep.kinds.rl.plan.RLPlan`, RLlib
+algorithms) and language-model trials (:class:`~haepo_ray.sweep.kinds.llm.plan.LLMPlan`). A
+new kind is one package with a subclass, listed in :data:`haepo_ray.sweep.kinds.KINDS`.
 """
 
 from __future__ import annotations
@@ -35,11 +34,6 @@ class Plan(ABC):
     progress_metrics: ClassVar[dict[str, str]]  # the live trial table's result columns: key -> header
     tune_checkpoints: ClassVar[bool]  # Tune checkpoints the trials (else the trial itself does)
     root_files: ClassVar[tuple[str, ...]] = ()  # final-checkpoint files MLflow also gets at a run's root
-
-    @classmethod
-    @abstractmethod
-    def handles(cls, spec: SweepSpec) -> bool:
-        """Whether ``spec`` is a sweep of this kind of trial."""
 
     @classmethod
     @abstractmethod

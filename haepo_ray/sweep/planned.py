@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from haepo_ray.sweep.plan import Plan
+    from haepo_ray.sweep.plan_base import Plan
 
 __all__ = ["PlannedTrial", "planned_trials"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from haepo_ray.sweep.plan import Plan
+from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.tables import format_table
 from haepo_ray.tracking import best, metric_value, rank
 from haepo_ray.uris import is_http_url, is_uri

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_name
-from haepo_ray.sweep.plan import Plan
+from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.uris import is_uri

@@ -1,8 +1,11 @@
-"""Sweep specs: the YAML files in ``tune_configs/``, validated.
+"""Sweep specs: the YAML files in ``tune_configs/``, validated; the part every kind of trial shares.
 
-A spec names one algorithm on one environment, its fixed settings, a search space, how to
-search it and when to stop. Every key is checked; an unknown or malformed one is an error
-that names the file, the key and what is allowed. The format::
+A spec names what its trials train, their fixed settings, a search space, how to search it
+and when to stop. Every key is checked; an unknown or malformed one is an error that names
+the file, the key and what is allowed. Each kind of trial adds its own keys
+(:mod:`haepo_ray.sweep.kinds`): an RL sweep ``algorithm``, ``env`` and ``env_config``
+(:mod:`~haepo_ray.sweep.kinds.rl.spec`), a language-model sweep ``llm``
+(:mod:`~haepo_ray.sweep.kinds.llm.spec`). The format, for an RL sweep::
 
     name: smoke                    # experiment name (default: the file's stem); MLflow
                                    # experiment and Ray results folder
@@ -48,7 +51,7 @@ that names the file, the key and what is allowed. The format::
                                    # a fraction
     max_concurrent_trials: 2       # default: as many as the resources allow
     reuse_actors: true             # run the next trial in a finished trial's process (no new
-                                   # process + imports per trial; see sweep/trainable.py)
+                                   # process + imports per trial; see sweep/kinds/rl/trainable.py)
     max_failures: 0                # retries of a failed trial, from its last checkpoint
     checkpoint_frequency: 0        # every N iterations (0: only at the end)
     checkpoint_at_end: true
@@ -63,9 +66,10 @@ that names the file, the key and what is allowed. The format::
 
 Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats.
 
-:func:`load_spec` parses a file and checks its structure (pydantic); this module imports no
-Ray. :class:`haepo_ray.sweep.rl_plan.RLPlan` resolves a spec against RLlib (algorithm, env and
-setting names, trial configs).
+:func:`haepo_ray.sweep.kinds.load_spec` parses a file and checks its structure against its
+kind's schema (pydantic); this module imports no Ray. The kind's plan then resolves the spec
+(for RL trials, :class:`~haepo_ray.sweep.kinds.rl.plan.RLPlan`, against RLlib's algorithm, env
+and setting names).
 """
 
 from __future__ import annotations
@@ -73,7 +77,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
@@ -81,13 +84,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from haepo_ray import names
-from haepo_ray.sweep.spec_errors import format_validation_error
 from haepo_ray.tracking.schema import flatten
 
 DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -137,11 +138,11 @@ def load_yaml(text: str, source: str = "<spec>") -> Any:
 # --------------------------------------------------------------------------- the models
 
 
-class _Model(BaseModel):
+class SpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-class Dim(_Model):
+class Dim(SpecModel):
     """One search-space axis: ``{grid: [...]}``, ``{choice: [...]}``, ``{uniform: [lo, hi]}``,
     ``{loguniform: [lo, hi]}`` or ``{randint: [lo, hi]}``; written in YAML as a one-key map."""
 
@@ -203,24 +204,24 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-class SearchSettings(_Model):
+class SearchSettings(SpecModel):
     algorithm: Literal["grid", "random", "optuna"] = "grid"
     num_samples: int = Field(1, ge=1)
     seed: int | None = None
 
 
-class FIFOScheduler(_Model):
+class FIFOScheduler(SpecModel):
     type: Literal["fifo"] = "fifo"
 
 
-class ASHAScheduler(_Model):
+class ASHAScheduler(SpecModel):
     type: Literal["asha"]
     max_t: int = Field(100, ge=1, description="iterations a trial may run at most")
     grace_period: int = Field(1, ge=1)
     reduction_factor: float = Field(4.0, gt=1)
 
 
-class PBTScheduler(_Model):
+class PBTScheduler(SpecModel):
     type: Literal["pbt"]
     perturbation_interval: int = Field(5, ge=1, description="iterations between exploits")
     mutations: dict[str, Dim]
@@ -245,7 +246,7 @@ Scheduler = Annotated[
 ]
 
 
-class StopSpec(_Model):
+class StopSpec(SpecModel):
     iterations: int | None = Field(None, ge=1)
     seconds: float | None = Field(None, gt=0)
     env_steps: int | None = Field(None, ge=1)
@@ -270,60 +271,28 @@ class StopSpec(_Model):
         return any(key in flat and flat[key] >= value for key, value in self.to_tune().items())
 
 
-class Resources(_Model):
+class Resources(SpecModel):
     cpus: float = Field(1.0, gt=0)
     gpus: float = Field(0.0, ge=0)
 
 
-class RaySettings(_Model):
+class RaySettings(SpecModel):
     num_cpus: int | None = Field(None, ge=1)
     num_gpus: int | None = Field(None, ge=0)
 
 
-class LLMSpec(_Model):
-    """A language-model sweep (key ``llm``): each trial fine-tunes ``model`` on ``data`` with
-    Ray Train workers, or in its own process with ``num_workers: 0``
-    (:mod:`haepo_ray.sweep.llm_trainable`). With ``use_gpu`` or ``gpu_memory_gb`` each trial's
-    memory is estimated before launch; one over its GPU is planned to fit (``fit: auto``, the
-    default: another micro-batch size or gradient checkpointing, which keep its gradients) or
-    refused (``fit: refuse``)."""
-
-    model: str = Field(min_length=1)
-    data: str = Field("aclsum", min_length=1)
-    num_workers: int = Field(1, ge=0)
-    use_gpu: bool = False
-    cpus_per_worker: float = Field(1.0, gt=0)
-    # default 1 with use_gpu; "auto": the fraction of a GPU that the trial's simulated peak needs
-    gpus_per_worker: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] | None = None
-    # The memory of each GPU (GiB): trials whose simulated peak (haepo_ray.llm.capacity) and the
-    # reserve do not fit are refused before launch. Default: what Ray reports of its GPUs.
-    gpu_memory_gb: float | None = Field(None, gt=0)
-    gpu_reserve_gb: float = Field(1.0, ge=0)  # per process: CUDA context, workspaces, fragmentation
-    # A trial over its GPU's memory: "auto" runs it with the micro_batch_size and
-    # gradient_checkpointing (the same gradients) that fit at the lowest estimated time
-    # (haepo_ray.sweep.llm_fit), "refuse" refuses it.
-    fit: Literal["auto", "refuse"] = "auto"
-    prompt_tokens: int = Field(512, ge=1)  # the prompts' length in the memory estimate
-
-    @model_validator(mode="after")
-    def _gpus(self) -> LLMSpec:
-        if self.gpus_per_worker is not None and not self.use_gpu:
-            raise ValueError("gpus_per_worker needs use_gpu: true")
-        return self
-
-
-class TrackingSettings(_Model):
+class TrackingSettings(SpecModel):
     log_checkpoints: bool = True
     metrics: list[str] | None = None
 
 
-class SweepSpec(_Model):
+class SweepSpec(SpecModel):
+    """What every sweep spec holds; each kind of trial's spec (:mod:`haepo_ray.sweep.kinds`)
+    subclasses it with its own keys."""
+
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
     algorithm: str | None = None
-    env: str | None = None
-    env_config: dict[str, Any] = Field(default_factory=dict)
-    llm: LLMSpec | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, Dim] = Field(default_factory=dict)
     search: SearchSettings = Field(default_factory=SearchSettings)
@@ -344,30 +313,6 @@ class SweepSpec(_Model):
 
     # Not part of the YAML: where the spec came from.
     source: str | None = Field(None, exclude=True)
-
-    @model_validator(mode="after")
-    def _llm(self) -> SweepSpec:
-        if self.llm is None:
-            return self  # an RLSweepSpec: algorithm, env and stop are required
-        if self.env is not None or self.env_config:
-            raise ValueError("give env (an RL sweep) or llm (a language-model sweep), not both")
-        searched = "algorithm" in self.search_space
-        if (self.algorithm is None) == (not searched):
-            raise ValueError("a language-model sweep takes algorithm (HAEPO, GRPO or DPO) or "
-                             "search_space.algorithm (e.g. {grid: [HAEPO, GRPO, DPO]}), exactly one")
-        if isinstance(self.scheduler, PBTScheduler):
-            raise ValueError("scheduler pbt restores one trial from another's checkpoint, which "
-                             "language-model trials do not support: use fifo or asha")
-        if self.stop is not None and (self.stop.env_steps is not None or self.stop.episode_return_mean is not None):
-            raise ValueError("stop: a language-model sweep stops on iterations (RL updates) or seconds")
-        if not self.checkpoint_at_end:
-            raise ValueError("checkpoint_at_end: a language-model trial always checkpoints at the end "
-                             "(its generations are logged from that checkpoint)")
-        if "metric" not in self.model_fields_set:
-            self.metric = names.LLM_REWARD
-        if "max_concurrent_trials" not in self.model_fields_set and self.llm.num_workers:
-            self.max_concurrent_trials = 1  # Tune does not count the Ray Train workers
-        return self
 
     @model_validator(mode="after")
     def _search_fits_space(self) -> SweepSpec:
@@ -403,40 +348,3 @@ class SweepSpec(_Model):
                 k: {d["kind"]: d["values"]} for k, d in data["scheduler"]["mutations"].items()
             }
         return yaml.safe_dump(data, sort_keys=False)
-
-
-class RLSweepSpec(SweepSpec):
-    """A spec without ``llm``: an RLlib algorithm on an env, which a stop rule ends."""
-
-    algorithm: str
-    env: str
-    stop: StopSpec
-
-
-# --------------------------------------------------------------------------- entry point
-
-
-def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
-    """Validates the structure of a spec's data; raises :class:`SpecError`."""
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{source}: a spec is a YAML mapping (key: value), got {type(data).__name__}")
-    try:
-        spec = (SweepSpec if "llm" in data else RLSweepSpec).model_validate(dict(data))
-    except ValidationError as err:
-        raise SpecError(format_validation_error(err, source, SweepSpec)) from None
-    spec.source = source
-    if spec.name is None and source not in ("<spec>", ""):
-        spec.name = Path(source).stem
-    return spec
-
-
-def load_spec(path: str | Path) -> SweepSpec:
-    """Reads a sweep spec and validates its structure; raises :class:`SpecError` naming the
-    file, the key and what is allowed. Algorithm, env and setting names are checked against
-    RLlib by :func:`haepo_ray.sweep.plan.resolve_plan`."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read the spec: {err.strerror or err}") from None
-    return parse_spec(load_yaml(text, str(path)), str(path))

@@ -3,7 +3,7 @@ search algorithm, scheduler, ``TuneConfig``, ``RunConfig`` and the live trial ta
 
 from __future__ import annotations
 
-from haepo_ray.sweep.plan import Plan
+from haepo_ray.sweep.plan_base import Plan
 
 
 def search_algorithm(plan: Plan):

@@ -44,7 +44,7 @@ DEFAULT_METRICS = (
     "learners/*",
 )
 
-# The same for language-model trials (haepo_ray.sweep.llm_trainable): every value of the
+# The same for language-model trials (haepo_ray.sweep.kinds.llm.trainable): every value of the
 # update's metric row, the held-out evaluation's "eval/<mode>/<metric>" (names.llm_eval) included.
 LLM_METRICS = (
     names.LLM_UPDATE,

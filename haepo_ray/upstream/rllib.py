@@ -28,7 +28,7 @@ every frame of the call stack with its source context: for a frame of Ray's Cyth
 each time. A Tune actor's stack has such frames, and an algorithm builds about a dozen
 connectors, so the scans were most of a reused trial actor's reset: 99-104 ms against 20-23 ms
 with :func:`caller_frames` (one-iteration HAEPO trials on the bandit, ``bench/trial_reset.py``).
-Installed by the sweep's trainable (:mod:`haepo_ray.sweep.trainable`), not by building
+Installed by the sweep's trainable (:mod:`haepo_ray.sweep.kinds.rl.trainable`), not by building
 ``HAEPO`` as a library.
 """
 

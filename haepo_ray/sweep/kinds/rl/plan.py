@@ -13,21 +13,23 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from haepo_ray import configs, names
+from haepo_ray import names
+from haepo_ray.rl import configs
 from haepo_ray.rl.registry import UnknownAlgorithm
 from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.plan_base import Plan
-from haepo_ray.sweep.spec import PBTScheduler, SpecError, SweepSpec
+from haepo_ray.sweep.kinds.rl.spec import RLSweepSpec
+from haepo_ray.sweep.spec import PBTScheduler, SpecError
 from haepo_ray.tracking.schema import DEFAULT_METRICS, params_of, sanitize_key
 
-__all__ = ["RLPlan"]
+__all__ = ["PLAN", "RLPlan"]
 
 
 @dataclass(frozen=True)
 class RLPlan(Plan):
     """A checked RL spec (``algorithm``, ``env``); build it with :meth:`resolve`."""
 
-    spec: SweepSpec
+    spec: RLSweepSpec
     algo_cls: type
     base_config: Any  # the AlgorithmConfig of every trial before its search values
     search_keys: dict[str, str]  # spec search-space (and PBT mutation) name -> trial config key
@@ -45,11 +47,7 @@ class RLPlan(Plan):
     tune_checkpoints = True
 
     @classmethod
-    def handles(cls, spec: SweepSpec) -> bool:
-        return spec.llm is None
-
-    @classmethod
-    def resolve(cls, spec: SweepSpec) -> RLPlan:
+    def resolve(cls, spec: RLSweepSpec) -> RLPlan:
         """Checks the algorithm, env and setting names against RLlib and builds the plan."""
         source = spec.source or "<spec>"
         try:
@@ -124,18 +122,18 @@ class RLPlan(Plan):
 
     def trainable(self) -> str:
         """The Tune trainable of the sweep's trials, registered under ``<algorithm>-sweep``:
-        the algorithm in a :class:`~haepo_ray.sweep.trainable.SweepTrainable` (reusable, the
+        the algorithm in a :class:`~haepo_ray.sweep.kinds.rl.trainable.SweepTrainable` (reusable, the
         spec's metric in every result)."""
         from ray.tune.registry import register_trainable
 
-        from haepo_ray.sweep.trainable import sweep_trainable
+        from haepo_ray.sweep.kinds.rl.trainable import sweep_trainable
 
         name = f"{self.spec.algorithm}-sweep"
         register_trainable(name, sweep_trainable(self.spec.algorithm, self.spec.metric))
         return name
 
 
-def _check_env(spec: SweepSpec, source: str) -> None:
+def _check_env(spec: RLSweepSpec, source: str) -> None:
     from haepo_ray.envs import check_env_id, make_env
 
     try:
@@ -149,7 +147,7 @@ def _check_env(spec: SweepSpec, source: str) -> None:
                         f"{type(err).__name__}: {err}") from None
 
 
-def _check_setting_names(spec: SweepSpec, config, source: str) -> None:
+def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
     keys = configs.setting_keys(config)
     public = sorted(k for k in keys if not k.startswith("_"))
     alias_target = configs.batch_size_key(config)
@@ -178,3 +176,6 @@ def _check_setting_names(spec: SweepSpec, config, source: str) -> None:
         errors.append(f"{source}: {name}: in both settings and search_space; keep one")
     if errors:
         raise SpecError("\n".join(errors))
+
+
+PLAN = RLPlan

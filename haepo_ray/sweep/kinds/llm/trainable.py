@@ -46,8 +46,8 @@ from types import ModuleType
 from typing import Any
 
 from haepo_ray import names
-from haepo_ray.sweep.llm_fit import check_own_fit
-from haepo_ray.sweep.llm_config import RAY_TRAIN, trial_settings
+from haepo_ray.sweep.kinds.llm.fit import check_own_fit
+from haepo_ray.sweep.kinds.llm.config import RAY_TRAIN, trial_settings
 
 SFT_STARTS = "sft_starts"  # in the experiment's folder: the sweep's SFT starts (haepo_ray.llm.sft_start)
 

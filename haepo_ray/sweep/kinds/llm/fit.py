@@ -21,7 +21,7 @@ layer's activations from the same inputs (the same RNG state) in the backward pa
 the estimate's roofline (:func:`~haepo_ray.llm.capacity.accelerators.phase_seconds`, its FLOPs
 counted as the simulation runs them: a micro-batched backward's extra forward pass and
 checkpointing's recomputation included). The trial's config carries the choice
-(:data:`FIT_KEY`, MLflow's ``fit/*`` params; :func:`~haepo_ray.sweep.llm_config.trial_settings`
+(:data:`FIT_KEY`, MLflow's ``fit/*`` params; :func:`~haepo_ray.sweep.kinds.llm.config.trial_settings`
 applies it). ``llm.fit: refuse`` refuses the trial instead.
 """
 

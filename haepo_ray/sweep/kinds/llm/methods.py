@@ -1,14 +1,14 @@
 """Methods in a language-model spec: a value of ``search_space.algorithm`` is an algorithm
 (``GRPO``) or an algorithm with settings of its own, a one-key map (``{HAEPO: {length_normalize:
 true}}``): a method, which the report shows as ``HAEPO (length_normalize=True)``. Read and
-checked here; :mod:`haepo_ray.sweep.llm_plan` turns them into the trials' configs."""
+checked here; :mod:`haepo_ray.sweep.kinds.llm.plan` turns them into the trials' configs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from haepo_ray.sweep.spec import SweepSpec
+from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
 
 __all__ = ["method_errors", "method_of", "methods"]
 
@@ -24,7 +24,7 @@ def method_of(value: Any) -> dict[str, Any]:
     return {"algo": value}
 
 
-def methods(spec: SweepSpec) -> list[dict[str, Any]] | None:
+def methods(spec: LLMSweepSpec) -> list[dict[str, Any]] | None:
     """The methods of ``search_space.algorithm`` when one has settings of its own, else None."""
     dim = spec.search_space.get("algorithm")
     if dim is None or not any(isinstance(v, Mapping) for v in dim.values):
@@ -32,7 +32,7 @@ def methods(spec: SweepSpec) -> list[dict[str, Any]] | None:
     return [method_of(v) for v in dim.values]
 
 
-def method_errors(spec: SweepSpec, allowed: list[str]) -> list[str]:
+def method_errors(spec: LLMSweepSpec, allowed: list[str]) -> list[str]:
     """What is wrong with the methods of ``search_space.algorithm``: a map that is not one
     algorithm with a map of settings, a setting that is not one or that the spec also sets."""
     from haepo_ray.llm.settings import ALGORITHMS

@@ -2,19 +2,19 @@
 fields, plus ``ray_train`` (its workers and checkpoints), ``method`` where the spec's algorithms
 include one with settings of its own (the method as written; the fields hold its values) and,
 in a fitted plan, ``gpu_memory`` (its estimate) and ``fit`` (the memory settings it runs with:
-:mod:`haepo_ray.sweep.llm_fit`). The plan writes it (:mod:`haepo_ray.sweep.llm_plan`), the
-trial reads it (:mod:`haepo_ray.sweep.llm_trainable`)."""
+:mod:`haepo_ray.sweep.kinds.llm.fit`). The plan writes it (:mod:`haepo_ray.sweep.kinds.llm.plan`), the
+trial reads it (:mod:`haepo_ray.sweep.kinds.llm.trainable`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, PLANNED
+from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, PLANNED
 
 __all__ = ["METHOD", "RAY_TRAIN", "trial_settings"]
 
 RAY_TRAIN = "ray_train"  # the trial config's key for the workers and checkpoints
-METHOD = "method"  # the trial config's key for its method (haepo_ray.sweep.llm_plan)
+METHOD = "method"  # the trial config's key for its method (haepo_ray.sweep.kinds.llm.plan)
 
 
 def trial_settings(config: dict[str, Any], device: str = "cpu"):

@@ -2,9 +2,9 @@
 
 The :class:`~haepo_ray.sweep.plan_base.Plan` of trials that fine-tune a causal LM
 (:mod:`haepo_ray.llm`) on Ray Train workers (or, with ``llm.num_workers: 0``, in the trial's
-own process). A trial's config (:mod:`haepo_ray.sweep.llm_config`) is the
+own process). A trial's config (:mod:`haepo_ray.sweep.kinds.llm.config`) is the
 :class:`~haepo_ray.llm.settings.LLMTrainSettings` fields plus ``ray_train`` (the workers and
-checkpointing of :mod:`haepo_ray.sweep.llm_trainable`); MLflow logs both as params.
+checkpointing of :mod:`haepo_ray.sweep.kinds.llm.trainable`); MLflow logs both as params.
 
 Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``, ``beta_ent``,
 ``beta_kl``, ``seed``, ``rl_updates``, ...), ``batch_size`` for ``batch_prompts`` and, in
@@ -12,14 +12,14 @@ Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``,
 device from ``llm.use_gpu``. ``beta_ent`` and ``beta_kl`` are refused where the trials include
 DPO, whose loss has no such term (:data:`~haepo_ray.llm.settings.NOT_DPO`).
 
-Methods (:mod:`haepo_ray.sweep.llm_methods`): with a method among the values of
+Methods (:mod:`haepo_ray.sweep.kinds.llm.methods`): with a method among the values of
 ``search_space.algorithm``, the trial config's ``method`` holds the trial's method as written
 (``{algo: HAEPO, length_normalize: true}``; the search values' ``algorithm``) and ``algo`` and
 each setting a method sets follow from it (Tune's ``sample_from``): MLflow logs the values each
 trial ran with.
 
 GPU memory: :meth:`LLMPlan.fitted` holds the plan to the cluster's GPUs before launch
-(:mod:`haepo_ray.sweep.llm_fit`); the fitted plan's trial configs carry their estimates
+(:mod:`haepo_ray.sweep.kinds.llm.fit`); the fitted plan's trial configs carry their estimates
 (``gpu_memory``), the memory settings they run with (``fit``: with ``llm.fit: auto`` a trial
 over its GPU is planned to fit) and, with ``gpus_per_worker: auto``, their share of a GPU.
 """
@@ -35,14 +35,15 @@ from typing import Any
 from haepo_ray import names
 from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.cluster import Cluster, require_gpus
-from haepo_ray.sweep.llm_config import METHOD, RAY_TRAIN, trial_settings
-from haepo_ray.sweep.llm_fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
-from haepo_ray.sweep.llm_methods import method_errors, method_of, methods
+from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, trial_settings
+from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
+from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods
 from haepo_ray.sweep.plan_base import Plan
-from haepo_ray.sweep.spec import SpecError, SweepSpec
+from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
+from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking.schema import LLM_METRICS
 
-__all__ = ["LLMPlan"]
+__all__ = ["PLAN", "LLMPlan"]
 
 RENAMES = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}  # spec name -> settings field
 _FROM_SPEC = ("algo", "model", "data", "device")  # set by algorithm, llm.model, llm.data, llm.use_gpu
@@ -58,7 +59,7 @@ def _settings_fields() -> dict[str, Any]:
 class LLMPlan(Plan):
     """A checked language-model spec (``llm``); build it with :meth:`resolve`."""
 
-    spec: SweepSpec
+    spec: LLMSweepSpec
     base_config: dict[str, Any]  # the trial config before its search values
     search_keys: dict[str, str]  # spec search-space name -> trial config key
     mutations: dict[str, Any] = dataclasses.field(default_factory=dict)  # (PBT is refused)
@@ -70,14 +71,10 @@ class LLMPlan(Plan):
     step_name = "updates"
     default_metrics = LLM_METRICS
     progress_metrics = {names.LLM_UPDATE: "update", names.LLM_TRAIN_TIME: "time (s)", names.LLM_REWARD: "reward"}
-    tune_checkpoints = False  # the trial's loop checkpoints (haepo_ray.sweep.llm_trainable)
+    tune_checkpoints = False  # the trial's loop checkpoints (haepo_ray.sweep.kinds.llm.trainable)
 
     @classmethod
-    def handles(cls, spec: SweepSpec) -> bool:
-        return spec.llm is not None
-
-    @classmethod
-    def resolve(cls, spec: SweepSpec) -> LLMPlan:
+    def resolve(cls, spec: LLMSweepSpec) -> LLMPlan:
         """Checks the setting names and values."""
         source = spec.source or "<spec>"
         fields = _settings_fields()
@@ -207,10 +204,10 @@ class LLMPlan(Plan):
         return tune.sample_from(lambda spec: value_of_key(config_memory_key(spec.config)))
 
     def fitted(self, cluster: Cluster) -> LLMPlan:
-        """This plan held to ``cluster``'s GPUs (:mod:`haepo_ray.sweep.llm_fit`): with
+        """This plan held to ``cluster``'s GPUs (:mod:`haepo_ray.sweep.kinds.llm.fit`): with
         ``llm.use_gpu`` or ``llm.gpu_memory_gb``, each distinct trial configuration is simulated
         once; with ``llm.fit: auto`` a trial over the limit is planned to fit
-        (:meth:`~haepo_ray.sweep.llm_fit.GPUFit.planned`), and trials that cannot fit are
+        (:meth:`~haepo_ray.sweep.kinds.llm.fit.GPUFit.planned`), and trials that cannot fit are
         refused (SpecError naming each); GPU trials on a local Ray without GPUs fail."""
         spec, llm = self.spec, self.spec.llm
         require_gpus(spec, self.trial_resources().get("GPU", 0.0), cluster, "llm.use_gpu", "set llm.use_gpu: false")
@@ -255,7 +252,7 @@ class LLMPlan(Plan):
         return ", ".join([algorithm, *(f"{name} {value}" for name, value in {**method, **values}.items())])
 
     def estimate_of(self, values: dict[str, Any]):
-        """The fitted plan's :class:`~haepo_ray.sweep.llm_fit.TrialEstimate` of a planned trial (of
+        """The fitted plan's :class:`~haepo_ray.sweep.kinds.llm.fit.TrialEstimate` of a planned trial (of
         the settings it runs with)."""
         return self.fit.estimates[self.fit.runs(self._key(values))]
 
@@ -323,11 +320,11 @@ class LLMPlan(Plan):
         return {k: v for k, v in total.items() if v}
 
     def trainable(self):
-        """The trial function (:func:`~haepo_ray.sweep.llm_trainable.llm_trial`) with its own
+        """The trial function (:func:`~haepo_ray.sweep.kinds.llm.trainable.llm_trial`) with its own
         process's resources (Ray Train workers ask Ray Train for theirs)."""
         from ray import tune
 
-        from haepo_ray.sweep.llm_trainable import llm_trial
+        from haepo_ray.sweep.kinds.llm.trainable import llm_trial
 
         if self.spec.llm.num_workers == 0 and self.spec.llm.gpus_per_worker == "auto":  # a share per trial
             return tune.with_resources(
@@ -363,10 +360,13 @@ def _renamed(values: dict[str, Any]) -> dict[str, Any]:
     return renamed | (method_of(values["algorithm"]) if "algorithm" in values else {})
 
 
-def _worker_resources(spec: SweepSpec) -> dict[str, float | str]:
+def _worker_resources(spec: LLMSweepSpec) -> dict[str, float | str]:
     """One worker's resources as the spec gives them (GPU "auto" until the plan is fitted)."""
     llm = spec.llm
     resources = {"CPU": llm.cpus_per_worker}
     if llm.use_gpu:
         resources["GPU"] = llm.gpus_per_worker if llm.gpus_per_worker is not None else 1.0
     return resources
+
+
+PLAN = LLMPlan

@@ -134,5 +134,5 @@ def sweep_trainable(algorithm: str, metric: str | None) -> type[SweepTrainable]:
         "metric": metric,
         "__module__": __name__,
         "__qualname__": algorithm,
-        "__doc__": f"{algorithm} as a sweep trial (see haepo_ray.sweep.trainable).",
+        "__doc__": f"{algorithm} as a sweep trial (see haepo_ray.sweep.kinds.rl.trainable).",
     })
