@@ -1,5 +1,5 @@
 """A language-model sweep whose driver is killed mid-run, then resumed: how many (run, metric,
-step) rows MLflow holds more than once (issue 20's case; BENCHMARKS.md, "Exactly once").
+step) rows MLflow holds more than once (BENCHMARKS.md, "Exactly once").
 
     python bench/resume_duplicates.py                       # tune_configs/llm_smoke.yaml, 400 updates, one
                                                             # seed, checkpoints every 2, killed at update 30

@@ -166,7 +166,7 @@ PROFILE_PARTS = {
     "observations to tensor": [("lean.py", "to_tensor")],
     "cutting episodes out of the step log": [("lean.py", "cut")],
     "SingleAgentEpisode objects, on_episode_end": [("env_runner.py", "_to_episode")],
-    "RLlib's sampling metrics": [("rllib_private.py", "record_sampled")],
+    "RLlib's sampling metrics": [("rllib.py", "record_sampled")],
 }
 
 

@@ -170,8 +170,8 @@ class LLMPlan(Plan):
             space[METHOD] = dim.model_copy(update={"values": listed}).to_tune()
             for key in sorted({k for m in listed for k in m}):
                 default = self.base_config[key]
-                space[key] = tune.sample_from(
-                    lambda spec, key=key, default=default: spec.config[METHOD].get(key, default))
+                space[key] = tune.sample_from(  # Tune passes the experiment spec, {"config": ...}
+                    lambda spec, key=key, default=default: spec["config"][METHOD].get(key, default))
         return space
 
     def base_space(self) -> dict[str, Any]:
@@ -201,7 +201,7 @@ class LLMPlan(Plan):
             return value_of_key(next(iter(self.fit.estimates)))
         from ray import tune
 
-        return tune.sample_from(lambda spec: value_of_key(config_memory_key(spec.config)))
+        return tune.sample_from(lambda spec: value_of_key(config_memory_key(spec["config"])))
 
     def fitted(self, cluster: Cluster) -> LLMPlan:
         """This plan held to ``cluster``'s GPUs (:mod:`haepo_ray.sweep.kinds.llm.fit`): with
