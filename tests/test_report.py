@@ -18,7 +18,7 @@ from chromium import check_page
 from haepo_ray import cli
 from haepo_ray.report import build_report
 from haepo_ray.report.aggregate import Group, group_trials
-from haepo_ray.report.figures import write_figures
+from haepo_ray.report.figures import curve_figure, write_figures
 from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import run_sweep
@@ -113,7 +113,20 @@ def test_curves_are_interpolated_onto_a_common_grid_by_hand():
     by_time = group.curve(RETURN, SECONDS, points=5)
     assert by_time.index.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert by_time.loc[3.0, "mean"] == pytest.approx(2.5)
+    # No curve starts before its first point: at 0 s no trial has reported, at 1 s only A has.
+    assert by_time["n"].tolist()[:2] == [0, 1] and by_time.loc[1.0, "mean"] == 0.0
     assert group.seconds_per_100_updates().tolist() == [100.0, 200.0]
+
+
+def test_a_curve_first_reported_late_has_no_value_before(tmp_path):
+    # A held-out evaluation made after updates 3 and 4 only: nothing at updates 1 and 2, and
+    # its figure still counts the seed that draws it.
+    group = Group("e", "HAEPO", "default", [_trial([3, 4], [0.5, 0.7], [3.0, 4.0])])
+    curve = group.curve(RETURN)
+    assert curve["n"].tolist() == [0, 0, 1, 1]
+    assert curve["mean"].tolist()[2:] == [0.5, 0.7] and curve["mean"].isna().tolist()[:2] == [True, True]
+    assert curve_figure([group], RETURN, ITERATION, "return", "late", tmp_path, "late")
+    assert "e: HAEPO (default, 1 seeds)" in (tmp_path / "late.svg").read_text()
 
 
 def test_sweeps_on_one_env_share_its_figures(tmp_path):

@@ -4,8 +4,9 @@ the results table.
 Each trial's curve is interpolated linearly onto the group's grid (as the paper's figures,
 "interpolated to a common grid"); a finished trial that stopped early (e.g. on reaching its
 target return) holds its last value to the end of the grid, an unfinished one (failed, killed,
-still running; only with ``--include-unfinished``) ends where its run ended, and each point
-is the mean over the trials that reach it. Updates are the trials' steps: training iterations
+still running; only with ``--include-unfinished``) ends where its run ended, no curve starts
+before its first reported point (a held-out evaluation first made after update 50 has no
+value at update 1), and each point is the mean over the trials that reach it. Updates are the trials' steps: training iterations
 of RL trials, RL updates of language-model ones (:mod:`~haepo_ray.report.kinds`).
 """
 
@@ -77,7 +78,7 @@ class Group:
             return pd.DataFrame(columns=["mean", "std", "n"])
         end = max(float(v.max()) for v in xs)
         grid = np.linspace(0.0, end, points) if x not in STEPS else np.arange(1, int(end) + 1, dtype=float)
-        stacked = np.vstack([np.interp(grid, v, y, right=end) for v, y, end in zip(xs, ys, ends)])
+        stacked = np.vstack([np.interp(grid, v, y, left=np.nan, right=end) for v, y, end in zip(xs, ys, ends)])
         n = (~np.isnan(stacked)).sum(axis=0)
         reached = np.where(n > 0, n, 1)
         mean = np.where(n > 0, np.nansum(stacked, axis=0) / reached, np.nan)

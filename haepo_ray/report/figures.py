@@ -76,7 +76,7 @@ def curve_figure(groups: list[Group], metric: str, x: str, ylabel: str, title: s
         curve = g.curve(metric, x)
         if curve.empty:
             continue
-        label = f"{g.experiment}: {g.algorithm} ({g.config_label}, {int(curve['n'].iloc[0])} seeds)"
+        label = f"{g.experiment}: {g.algorithm} ({g.config_label}, {int(curve['n'].max())} seeds)"
         ax.plot(curve.index, curve["mean"], label=label)
         lo, hi = BOUNDS.get(metric, (None, None))  # a band never leaves the metric's range
         ax.fill_between(curve.index, (curve["mean"] - curve["std"]).clip(lo, hi),
