@@ -38,8 +38,8 @@ from haepo_ray.sweep.cluster import Cluster, require_gpus
 from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, trial_settings
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods
-from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
+from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking.schema import LLM_METRICS
 

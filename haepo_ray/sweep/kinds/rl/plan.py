@@ -17,8 +17,8 @@ from haepo_ray import names
 from haepo_ray.rl import configs
 from haepo_ray.rl.registry import UnknownAlgorithm
 from haepo_ray.sweep.cluster import Cluster, require_gpus
-from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.kinds.rl.spec import RLSweepSpec
+from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import PBTScheduler, SpecError
 from haepo_ray.tracking.schema import DEFAULT_METRICS, params_of, sanitize_key
 
