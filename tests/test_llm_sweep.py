@@ -332,7 +332,7 @@ def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_proces
     assert_trains_like_one_process(parse_plan(spec, "llm_resumable.yaml"), uri, child, tmp_path)
 
 
-RESUME_UPDATES, RESUME_EVERY = 15, 5  # the kill lands between the checkpoints of updates 5 and 10
+RESUME_UPDATES, RESUME_EVERY = 9, 3  # the kill lands after the checkpoint of update 3 or 6, before the next
 
 
 @pytest.mark.parametrize(("change", "message"), [
