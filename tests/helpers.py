@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +46,31 @@ def group_batch(tokenizer):
 
 # --------------------------------------------------------------------------- MLflow
 
+_EMPTY_STORE = None  # (a TemporaryDirectory, the empty store in it): made once per test process
+
+
+def sqlite_store(path: Path) -> str:
+    """The URI of the MLflow SQLite store at ``path``. Where there is none yet, an empty one is
+    copied there first: the file MLflow made once in this process. Making a store runs MLflow's
+    schema migrations, about 0.9 CPU-seconds each time (29 stores in `make test`). The tests
+    that prove that a sweep or a server makes its own store (test_sweep_e2e's smoke sweep,
+    test_tracking_uri, the multi-node cluster's server) leave it to them."""
+    global _EMPTY_STORE
+    if not path.exists():
+        if _EMPTY_STORE is None:
+            import tempfile
+
+            from mlflow.tracking import MlflowClient
+
+            folder = tempfile.TemporaryDirectory(prefix="haepo-empty-store-")
+            empty = Path(folder.name) / "mlflow.db"
+            MlflowClient(f"sqlite:///{empty}").search_experiments()
+            _EMPTY_STORE = folder, empty
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_EMPTY_STORE[1], path)
+    return f"sqlite:///{path}"
+
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (now)."""
@@ -60,7 +86,7 @@ class MLflowServer:
 
     def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
         self.root = root
-        self.backend = backend or f"sqlite:///{root / 'server.db'}"
+        self.backend = backend or sqlite_store(root / "server.db")
         self.workers = workers
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray.envs import registered_envs
@@ -76,7 +77,7 @@ def test_train_stop_options_make_a_stop_spec():
 
 
 def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
-    ckpt, uri = tmp_path / "ckpt", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ckpt, uri = tmp_path / "ckpt", sqlite_store(tmp_path / "mlflow.db")
     out = haepo(
         "train", "--env", "haepo/ChainMDP-v0", "--stop-iters", "3", "--seed", "1",
         "--num-cpus", "2", "--set", "lr=0.05", "--set", "model_config={fcnet_hiddens: [8]}",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from chromium import headless_chromium
+from helpers import sqlite_store
 
 from haepo_ray.cli import UsageError
 from haepo_ray.cli.llm_eval import add_parsers
@@ -380,7 +381,7 @@ def mlflow_store(tmp_path):
 
     from haepo_ray.tracking import artifact_location_for
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     runs = {}
     for name, systems in [("tldr", SYSTEMS[::2]), ("empty", [])]:

@@ -27,7 +27,7 @@ import mlflow
 import pytest
 import torch
 import yaml
-from helpers import MLflowServer, check_provenance
+from helpers import MLflowServer, check_provenance, sqlite_store
 from mlflow.tracking import MlflowClient
 
 from haepo_ray import names
@@ -313,7 +313,7 @@ def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_proces
     spec_path = tmp_path / "llm_resumable.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     db, results = tmp_path / "mlflow.db", tmp_path / "results"
-    uri = f"sqlite:///{db}"
+    uri = sqlite_store(db)
     args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
     seen = {}
 

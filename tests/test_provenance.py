@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import sqlite_store
 
 from haepo_ray import cli, names
 from haepo_ray.provenance import provenance
@@ -60,7 +61,7 @@ def _store(root: Path, commits: list[str], experiment: str = "prov", dirty: str 
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(

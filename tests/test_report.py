@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from chromium import check_page
+from helpers import sqlite_store
 
 from haepo_ray import cli
 from haepo_ray.report import build_report
@@ -48,7 +49,7 @@ SPEC = {
 def store(ray_session, tmp_path_factory):
     """(tracking URI, sweep result) of the bandit sweep above."""
     root = tmp_path_factory.mktemp("report")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     result = run_sweep(parse_plan(SPEC, "report-bandit.yaml"), tracking_uri=uri,
                        storage_path=str(root / "ray"), verbose=0, out=io.StringIO())
     assert len(result.trials) == 8 and all(t.status == "TERMINATED" for t in result.trials)
@@ -174,7 +175,7 @@ def test_search_values_of_older_stores_keep_their_names(tmp_path):
 
     from haepo_ray.report.runs import load_trials
 
-    uri = f"sqlite:///{tmp_path / 'old.db'}"
+    uri = sqlite_store(tmp_path / "old.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("old", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
@@ -196,7 +197,7 @@ def _status_store(tmp_path) -> str:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'status.db'}"
+    uri = sqlite_store(tmp_path / "status.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("status", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id

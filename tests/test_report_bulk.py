@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import MLflowServer
+from helpers import MLflowServer, sqlite_store
 
 from haepo_ray import names
 from haepo_ray.report import histories
@@ -40,7 +40,7 @@ def _build(db: Path) -> dict[str, str]:
     """The store (see the module's docstring); the special runs' ids by name."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{db}")
+    client = MlflowClient(sqlite_store(db))
     exp = client.create_experiment(EXPERIMENT, artifact_location=(db.parent / "artifacts").as_uri())
     parent = client.create_run(exp, tags={names.ROLE: "sweep"}).info.run_id
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from chromium import check_page
+from helpers import sqlite_store
 
 from haepo_ray import names
 from haepo_ray.report import build_report, to_text
@@ -81,7 +82,7 @@ def store(tmp_path_factory) -> str:
     from mlflow.tracking import MlflowClient
 
     root = tmp_path_factory.mktemp("report-llm")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment(EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
     subject = {names.MODEL: "tiny", names.DATA: "aclsum"}

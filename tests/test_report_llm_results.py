@@ -17,6 +17,7 @@ import math
 
 import pandas as pd
 import pytest
+from helpers import sqlite_store
 
 from haepo_ray import names
 from haepo_ray.cli import main
@@ -87,7 +88,7 @@ def store(tmp_path_factory) -> str:
     from mlflow.tracking import MlflowClient
 
     root = tmp_path_factory.mktemp("report-llm-results")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment(EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
     subject = {names.MODEL: "tiny", names.DATA: "aclsum"}

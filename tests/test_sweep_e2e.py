@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
-from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, check_sweep_in_mlflow
+from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, check_sweep_in_mlflow, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
@@ -67,7 +67,7 @@ def test_a_resume_after_every_trial_ended_writes_what_mlflow_lacks(ray_session, 
     no trial left to run, so Tune takes no step: the runs are still written, from each
     trial's ``result.json``, once."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     data = yaml.safe_load(SMOKE.read_text())
     data.update(name="ended", search_space={"seed": {"grid": [0, 1]}, "lr": {"grid": [0.05]}})
     data["stop"] = {"iterations": 3}
@@ -126,7 +126,7 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
         "max_failures": 2,
         "checkpoint_frequency": 1,
     }, "flaky.yaml")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
 
     assert marker.exists(), "the injected failure did not happen"
@@ -172,7 +172,7 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     spec_path = tmp_path / "resumable.yaml"
     spec_path.write_text(yaml.safe_dump(spec_data))
     db = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{db}"
+    uri = sqlite_store(db)
     results = tmp_path / "results"
     args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
 
@@ -266,7 +266,7 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
                                       "num_epochs": 1, "model_config": {"fcnet_hiddens": [8]}},
                             search_space={"seed": {"grid": [0]}}, stop={"iterations": 10}),
                       "long.yaml")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
     assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 10)]
 
@@ -364,7 +364,7 @@ def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, m
         max_concurrent_trials=None,
     ), "pbt.yaml")
     planned = {tuple(sorted(t.values.items())) for t in planned_trials(spec)}
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
     assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 4)] * 2
     # The dry run showed the values the sweep started from.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import SMOKE, MLflowServer, check_sweep_in_mlflow, free_port
+from helpers import SMOKE, MLflowServer, check_sweep_in_mlflow, free_port, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import tune
 
@@ -32,7 +32,7 @@ from haepo_ray.tracking.writer import MAX_PROBE_INTERVAL_S
 def test_callback_pickles_as_its_settings(tmp_path):
     """Tune pickles callbacks into tuner.pkl: a started callback (client, thread, queue)
     pickles as its settings and retry policy only, and unpickles unstarted."""
-    settings = tracking.SweepTracking(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", "sweep-1",
+    settings = tracking.SweepTracking(sqlite_store(tmp_path / "mlflow.db"), "exp", "sweep-1",
                                       sweep_dir=str(tmp_path), search_keys={"batch_size": "episodes_per_batch"})
     cb = tracking.MLflowSweepCallback(settings, tracking.RetryPolicy(retries=0))
     try:

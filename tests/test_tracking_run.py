@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from helpers import free_port
+from helpers import free_port, sqlite_store
 from mlflow.tracking import MlflowClient
 
 from haepo_ray import tracking
@@ -13,7 +13,7 @@ from haepo_ray import tracking
 def test_a_train_run_is_one_run_without_parent_in_a_trials_form(tmp_path):
     """``haepo train``'s run: its tags, its params flattened, each result's default metrics at
     its iteration (once per step), the node of its results, the status it ends with."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     run = tracking.MLflowRun(uri, "train", "HAEPO-chain", retry=tracking.RetryPolicy(retries=0))
     assert run.start({"haepo.algorithm": "HAEPO"}, {"lr": 0.1, "model_config": {"fcnet_hiddens": [8]}})
     for step in (1, 2):

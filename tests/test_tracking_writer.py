@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import time
 
+from helpers import sqlite_store
+
 from haepo_ray import tracking
 
 
@@ -18,7 +20,7 @@ def test_a_retried_create_finds_the_run_whose_reply_was_lost(tmp_path):
     from haepo_ray.tracking.retry import MLflowCalls
     from haepo_ray.tracking.writer import Metrics, MLflowWriter, StartRun
 
-    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=2, backoff_s=0))
+    calls = MLflowCalls(sqlite_store(tmp_path / "mlflow.db"), tracking.RetryPolicy(retries=2, backoff_s=0))
     client = calls.connect()
     exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
@@ -77,7 +79,7 @@ def test_an_outage_is_written_in_order_and_once_when_mlflow_is_back(tmp_path, ca
     from haepo_ray.tracking.retry import MLflowCalls
     from haepo_ray.tracking.writer import EndRun, Metrics, MLflowWriter, StartRun, Tags
 
-    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=1, backoff_s=0))
+    calls = MLflowCalls(sqlite_store(tmp_path / "mlflow.db"), tracking.RetryPolicy(retries=1, backoff_s=0))
     client = calls.connect()
     exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
@@ -121,7 +123,7 @@ def test_what_waits_for_mlflow_past_the_end_is_recorded(tmp_path):
     from haepo_ray.tracking.retry import MLflowCalls
     from haepo_ray.tracking.writer import EndRun, Metrics, MLflowWriter, StartRun
 
-    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}",
+    calls = MLflowCalls(sqlite_store(tmp_path / "mlflow.db"),
                         tracking.RetryPolicy(retries=0, close_timeout_s=1.5))
     client = calls.connect()
     exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
@@ -149,7 +151,7 @@ def test_a_resumed_writer_completes_the_partly_written_step_and_logs_nothing_twi
     from haepo_ray.tracking.retry import MLflowCalls
     from haepo_ray.tracking.writer import Metrics, MLflowWriter, StartRun
 
-    calls = MLflowCalls(f"sqlite:///{tmp_path / 'mlflow.db'}", tracking.RetryPolicy(retries=0))
+    calls = MLflowCalls(sqlite_store(tmp_path / "mlflow.db"), tracking.RetryPolicy(retries=0))
     client = calls.connect()
     exp = client.create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, tags={"haepo.role": "sweep"}).info.run_id
