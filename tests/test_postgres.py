@@ -4,7 +4,9 @@ test's own (temporary folder, free port), ``mlflow server`` with two workers on 
 sweeps logging at once, one of them killed (its driver SIGKILLed) and resumed: every (run,
 metric, step) exactly once, none missing, no deadlock. The figures it prints are in
 BENCHMARKS.md. The killed and resumed sweep is test_sweep_e2e's killed driver (an RL sweep that
-logs no training_iteration) with all its checks: that test, on SQLite, is its slow twin.
+logs no training_iteration) with all its checks: that test, on SQLite, is its slow twin. In
+`make test` each sweep has one trial; the slow tier runs two per sweep (four trials logging at
+once; each trial's actor start costs seconds of CPU).
 
 Needs Debian's PostgreSQL (``make postgres``): skipped without it, except in CI.
 """
@@ -119,9 +121,9 @@ def postgres():
         cluster.stop()
 
 
-def _spec(tmp_path: Path, name: str) -> Path:
+def _spec(tmp_path: Path, name: str, seeds: int) -> Path:
     data = yaml.safe_load(SMOKE.read_text())
-    data.update(name=name, search_space={"seed": {"grid": [0, 1]}}, max_failures=0, checkpoint_frequency=2,
+    data.update(name=name, search_space={"seed": {"grid": list(range(seeds))}}, max_failures=0, checkpoint_frequency=2,
                 stop={"iterations": ITERATIONS[name]}, resources={"cpus": 0.5}, max_concurrent_trials=2)
     data["settings"].update(lr=0.05, min_time_s_per_iteration=0.3)
     if name == "pg-resumed":  # its step key unlogged, as in test_sweep_e2e's killed driver
@@ -131,14 +133,15 @@ def _spec(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def test_two_sweeps_at_once_on_postgresql_one_killed_and_resumed(ray_session, postgres, tmp_path, monkeypatch,
-                                                                  capfd):
+@pytest.mark.parametrize("seeds", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_two_sweeps_at_once_on_postgresql_one_killed_and_resumed(seeds, ray_session, postgres, tmp_path,
+                                                                  monkeypatch, capfd):
     start = time.monotonic()
     server = MLflowServer(tmp_path, backend=postgres.uri, workers=2)
     try:
         address = ray_session.get_runtime_context().gcs_address
         results = tmp_path / "results"
-        args = {name: sweep_args(_spec(tmp_path, name), server.uri, results, address) for name in ITERATIONS}
+        args = {name: sweep_args(_spec(tmp_path, name, seeds), server.uri, results, address) for name in ITERATIONS}
         with open(tmp_path / "steady.log", "w") as log:
             steady = start_driver(args["pg-steady"], tmp_path, log)
             try:
@@ -159,11 +162,11 @@ def test_two_sweeps_at_once_on_postgresql_one_killed_and_resumed(ray_session, po
             (run_dir,) = list((results / name).iterdir())
             assert not (run_dir / "mlflow_not_logged.jsonl").exists(), (run_dir / "mlflow_not_logged.jsonl").read_text()
             trials = json.loads((run_dir / "haepo_summary.json").read_text())["trials"]
-            assert [(t["status"], t["iterations"]) for t in trials] == [("TERMINATED", iterations)] * 2, name
+            assert [(t["status"], t["iterations"]) for t in trials] == [("TERMINATED", iterations)] * seeds, name
             exp = client.get_experiment_by_name(name)
             runs = client.search_runs([exp.experiment_id])
             # One parent (none made again by the resume), one child per trial.
-            assert sorted(r.data.tags["haepo.role"] for r in runs) == ["sweep", "trial", "trial"], name
+            assert sorted(r.data.tags["haepo.role"] for r in runs) == ["sweep"] + ["trial"] * seeds, name
             assert all(r.info.status == "FINISHED" for r in runs), name
             children = [r for r in runs if r.data.tags["haepo.role"] == "trial"]
             # The (resumed) driver's summary names the runs, those made before the kill included.
@@ -182,7 +185,7 @@ def test_two_sweeps_at_once_on_postgresql_one_killed_and_resumed(ray_session, po
         ((deadlocks,),) = postgres.sql("mlflow", "select deadlocks from pg_stat_database where datname = 'mlflow'")
         log = postgres.log.read_text() + (tmp_path / "server.log").read_text()
         assert deadlocks == 0 and not re.search("deadlock", log, re.IGNORECASE), log[-3000:]
-        print(f"PostgreSQL {postgres.bin.parts[-2]}: {rows} metric rows of 4 trials in 2 sweeps at once "
+        print(f"PostgreSQL {postgres.bin.parts[-2]}: {rows} metric rows of {2 * seeds} trials in 2 sweeps at once "
               f"(one killed and resumed), {seconds:.0f} s with set-up, {deadlocks} deadlocks")
     finally:
         server.kill()
