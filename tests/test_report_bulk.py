@@ -88,6 +88,15 @@ def server(store):
         live.kill()
 
 
+@pytest.fixture(scope="module")
+def reference(store):
+    """(run id -> its curves' keys, run id -> its kind, the per-run reader's histories) of every
+    trial, read once from the SQLite store (the server serves the same file)."""
+    client = _client(store[1])
+    wanted, kinds = _wanted(client)
+    return wanted, kinds, per_run_histories(client, wanted)
+
+
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -120,26 +129,24 @@ def test_per_run_reader_keeps_a_steps_last_value(store):
     assert curves(got[ids["empty"]], wanted[ids["empty"]], RL).empty
 
 
-def test_sql_reader_gives_the_per_run_curves(store, monkeypatch):
+def test_sql_reader_gives_the_per_run_curves(store, reference, monkeypatch):
     """In chunks of 500 runs (one chunk here) and of 7 (15 chunks, the last one short)."""
     _, uri, _ = store
     client = _client(uri)
-    wanted, kinds = _wanted(client)
-    expected = per_run_histories(client, wanted)
+    wanted, kinds, expected = reference
     assert read_histories(client, wanted).keys() == sql_histories(client, wanted).keys()
     _assert_same_curves(sql_histories(client, wanted), expected, wanted, kinds)
     monkeypatch.setattr(histories, "SQL_RUNS", 7)
     _assert_same_curves(sql_histories(client, wanted), expected, wanted, kinds)
 
 
-def test_http_reader_gives_the_per_run_curves(store, server):
+def test_http_reader_gives_the_per_run_curves(store, reference, server):
     """Through the server's bulk endpoint (107 runs: two chunks per metric), with responses
     cut off at 25,000 values: by one run alone (read per run) and by two together (the second
     asked again)."""
     _, uri, ids = store
     client = _client(server.uri)
-    wanted, kinds = _wanted(client)
-    expected = per_run_histories(client, wanted)
+    wanted, kinds, expected = reference
     assert len(expected[ids["long"]][RETURN]) == LONG
     _assert_same_curves(http_histories(client, wanted), expected, wanted, kinds)
     for names_ in (["long"], ["half-a", "half-b"], ["half-b", "half-a"]):
@@ -150,14 +157,12 @@ def test_http_reader_gives_the_per_run_curves(store, server):
     assert read_histories(client, {ids["twice"]: [RETURN]})[ids["twice"]][RETURN] == {1: 1.0, 2: 0.5, 3: 3.0}
 
 
-def test_trials_are_the_same_from_sqlite_and_from_the_server(store, server):
+def test_trials_are_the_same_from_sqlite_and_from_the_server(store, reference, server):
     """load_trials reads the same trials (curves, configs, statuses, provenance) either way,
     with the per-run reader's curves."""
     _, uri, _ = store
     local, remote = (sorted(load_trials(u, [EXPERIMENT]), key=lambda t: t.run_id) for u in (uri, server.uri))
-    client = _client(uri)
-    wanted, kinds = _wanted(client)
-    expected = per_run_histories(client, wanted)
+    wanted, kinds, expected = reference
     assert len(local) == len(remote) == SMALL + 7
     for a, b in zip(local, remote):
         pd.testing.assert_frame_equal(a.curves, b.curves, check_exact=True)
