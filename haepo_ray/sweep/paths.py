@@ -1,10 +1,11 @@
 """Where a sweep's runs go (``<root>`` = ``--storage-path``, else the spec's ``storage_path``,
 else ``<cwd>/.haepo/ray_results``): each run of a spec is a Tune experiment in
-``<root>/<experiment>/<YYYYmmdd-HHMMSS>`` (``<experiment>`` = ``--experiment``, else the spec's
-``name``)."""
+``<root>/<experiment>/<YYYYmmdd-HHMMSS-xxxxxx>`` (``<experiment>`` = ``--experiment``, else the
+spec's ``name``; ``xxxxxx``: random hex)."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 
@@ -25,8 +26,14 @@ def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path
 
 
 def new_run_name() -> str:
-    """The folder name of a new run: its start time, ``YYYYmmdd-HHMMSS``."""
-    return time.strftime("%Y%m%d-%H%M%S")
+    """The folder name of a new run: its start time and a random suffix, ``YYYYmmdd-HHMMSS-xxxxxx``.
+
+    The run's name is Tune's experiment name, and Tune stages a run's files on its driver in
+    ``<Ray session>/artifacts/<start second>/<experiment name>``: two sweeps of two specs
+    started in the same second on one Ray shared that folder when the name was the start time
+    alone, and each copied the other's experiment state into its own run (a ``--resume`` then
+    restored the other sweep's trials)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def latest_run_dir(root: str) -> str | None:

@@ -10,6 +10,7 @@ Where things go:
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -121,9 +122,10 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
 
 
 def _new_run_dir(root: str) -> tuple[str, str]:
-    """(name, folder) of a new run of the experiment under ``root``."""
+    """(name, folder) of a new run of the experiment under ``root``. A run of it already
+    started in this second makes it wait for the next: ``--resume`` takes the newest by name."""
     name = new_run_name()
-    while os.path.exists(f"{root}/{name}"):  # two sweeps in one second
+    while glob.glob(f"{glob.escape(root)}/{name[:15]}*"):  # its start time, YYYYmmdd-HHMMSS
         time.sleep(1.0)
         name = new_run_name()
     return name, f"{root}/{name}"
