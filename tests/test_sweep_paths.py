@@ -1,12 +1,11 @@
-"""Where a sweep's runs go (haepo_ray/sweep/paths.py) and how a new run is named
-(haepo_ray/sweep/runner.py)."""
+"""How a sweep's new run is named (haepo_ray/sweep/paths.py)."""
 
 from __future__ import annotations
 
 import re
 import time
 
-from haepo_ray.sweep import paths, runner
+from haepo_ray.sweep import paths
 
 
 def _frozen_clock(monkeypatch, seconds: list[str]) -> list[float]:
@@ -22,7 +21,7 @@ def _frozen_clock(monkeypatch, seconds: list[str]) -> list[float]:
 
     slept: list[float] = []
     monkeypatch.setattr(paths.time, "strftime", strftime)
-    monkeypatch.setattr(runner.time, "sleep", slept.append)
+    monkeypatch.setattr(paths.time, "sleep", slept.append)
     return slept
 
 
@@ -32,7 +31,7 @@ def test_runs_of_two_experiments_started_in_one_second_have_two_names(tmp_path, 
     two specs started in one second on one Ray shared that folder while the name was the start
     time alone (test_postgres's two sweeps: one was resumed with the other's trials)."""
     _frozen_clock(monkeypatch, ["20261127-004808"] * 2)
-    (a, _), (b, _) = (runner._new_run_dir(str(tmp_path / name)) for name in ("pg-steady", "pg-resumed"))
+    (a, _), (b, _) = (paths.new_run_dir(str(tmp_path / name)) for name in ("pg-steady", "pg-resumed"))
     assert a != b
     assert all(re.fullmatch(r"20261127-004808-[0-9a-f]{6}", n) for n in (a, b)), (a, b)
 
@@ -42,9 +41,9 @@ def test_a_second_run_of_one_experiment_in_the_same_second_waits_for_the_next(tm
     second of an earlier one takes the next second."""
     slept = _frozen_clock(monkeypatch, ["20261127-004808", "20261127-004808", "20261127-004809"])
     root = tmp_path / "smoke"
-    first, folder = runner._new_run_dir(str(root))
+    first, _ = paths.new_run_dir(str(root))
     (root / first).mkdir(parents=True)  # Tune makes it
-    second, _ = runner._new_run_dir(str(root))
+    second, _ = paths.new_run_dir(str(root))
     assert slept == [1.0]
     assert first.startswith("20261127-004808-") and second.startswith("20261127-004809-")
     assert sorted([second, first], reverse=True)[0] == second

@@ -5,6 +5,7 @@ spec's ``name``; ``xxxxxx``: random hex)."""
 
 from __future__ import annotations
 
+import glob
 import secrets
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray.uris import is_uri
 
-__all__ = ["DEFAULT_STORAGE", "experiment_root", "latest_run_dir", "new_run_name"]
+__all__ = ["DEFAULT_STORAGE", "experiment_root", "latest_run_dir", "new_run_dir"]
 
 DEFAULT_STORAGE = Path(".haepo") / "ray_results"
 
@@ -25,15 +26,22 @@ def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path
     return f"{root.rstrip('/')}/{experiment or spec.experiment}"
 
 
-def new_run_name() -> str:
-    """The folder name of a new run: its start time and a random suffix, ``YYYYmmdd-HHMMSS-xxxxxx``.
+def new_run_dir(root: str) -> tuple[str, str]:
+    """(name, folder) of a new run of the experiment under ``root``: its start time and random
+    hex, ``YYYYmmdd-HHMMSS-xxxxxx``. A run of the experiment already started in this second
+    makes it wait for the next: ``--resume`` takes the newest by name.
 
     The run's name is Tune's experiment name, and Tune stages a run's files on its driver in
     ``<Ray session>/artifacts/<start second>/<experiment name>``: two sweeps of two specs
     started in the same second on one Ray shared that folder when the name was the start time
     alone, and each copied the other's experiment state into its own run (a ``--resume`` then
     restored the other sweep's trials)."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    start = time.strftime("%Y%m%d-%H%M%S")
+    while glob.glob(f"{glob.escape(root)}/{start}*"):
+        time.sleep(1.0)
+        start = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{start}-{secrets.token_hex(3)}"
+    return name, f"{root}/{name}"
 
 
 def latest_run_dir(root: str) -> str | None:

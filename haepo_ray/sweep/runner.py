@@ -10,17 +10,15 @@ Where things go:
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_name
+from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray.upstream import tune as tune_internals
@@ -121,16 +119,6 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
 # --------------------------------------------------------------------------- run
 
 
-def _new_run_dir(root: str) -> tuple[str, str]:
-    """(name, folder) of a new run of the experiment under ``root``. A run of it already
-    started in this second makes it wait for the next: ``--resume`` takes the newest by name."""
-    name = new_run_name()
-    while glob.glob(f"{glob.escape(root)}/{name[:15]}*"):  # its start time, YYYYmmdd-HHMMSS
-        time.sleep(1.0)
-        name = new_run_name()
-    return name, f"{root}/{name}"
-
-
 def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: list):
     """The Tuner of an earlier run, with this run's callbacks (tuner.pkl holds the first
     run's callbacks, unstarted copies), and without the analysis of every trial's results that
@@ -229,7 +217,7 @@ def run_sweep(
                                  "can restore (run it without --resume)")
             name = run_dir.rstrip("/").rsplit("/", 1)[-1]
         else:
-            name, run_dir = _new_run_dir(root)
+            name, run_dir = new_run_dir(root)
 
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
         if track:
