@@ -71,7 +71,6 @@ def sqlite_store(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (now)."""
     with socket.socket() as s:

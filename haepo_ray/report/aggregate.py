@@ -6,8 +6,9 @@ Each trial's curve is interpolated linearly onto the group's grid (as the paper'
 target return) holds its last value to the end of the grid, an unfinished one (failed, killed,
 still running; only with ``--include-unfinished``) ends where its run ended, no curve starts
 before its first reported point (a held-out evaluation first made after update 50 has no
-value at update 1), and each point is the mean over the trials that reach it. Updates are the trials' steps: training iterations
-of RL trials, RL updates of language-model ones (:mod:`~haepo_ray.report.kinds`).
+value at update 1), and each point is the mean over the trials that reach it. Updates are the
+trials' steps: training iterations of RL trials, RL updates of language-model ones
+(:mod:`~haepo_ray.report.kinds`).
 """
 
 from __future__ import annotations
