@@ -54,7 +54,7 @@ KINDS = [
     ("Ray daemons", r"ray/(dashboard|_private/log_monitor|autoscaler|_private/runtime_env)"),
     ("ray start", r"bin/ray start"),
     ("pytest and its workers", r"-m pytest|pytest/__main__|exec\(eval\(sys\.stdin\.readline"),
-    ("haepo {0}", r"haepo_ray\.cli\s+(\w+)|bin/haepo\s+(\w+)"),
+    ("haepo {0}", r"-m\s+haepo_ray\.cli\s+(\w+)|bin/haepo\s+(\w+)"),
     ("python -c (a test's own subprocess)", r"python[\d.]*\s+(?:-u\s+)?-c\s"),
 ]
 
