@@ -6,11 +6,12 @@ MLflow servers, pytest's workers, `haepo` sub-commands.
 Runs the command with a ``sitecustomize`` module first on ``PYTHONPATH``. Every Python process
 the command starts imports it, Ray's workers and daemons included (they inherit the
 environment), and it writes the process's CPU seconds and title to a file of its own every
-half second, from a thread that a test's patched ``time.sleep`` does not reach. At the end the
-script prints the CPU-s by kind beside the machine's busy CPU-s over the run (``/proc/stat``)
-and writes both to OUT.json. Processes that are not Python (Ray's raylet and GCS, PostgreSQL,
-Chromium, Prometheus) are in the machine's figure only; a process killed between two samples
-loses at most its last half second. A ``sitecustomize`` of the interpreter's own is shadowed.
+half second, from a thread that a test's patched ``time.sleep`` does not reach, and once more
+at a normal exit. At the end the script prints the CPU-s by kind beside the machine's busy
+CPU-s over the run (``/proc/stat``) and writes both to OUT.json. Processes that are not Python
+(Ray's raylet and GCS, PostgreSQL, Chromium, Prometheus) or not started afresh (forked) are in
+the machine's figure only; a process killed (or ended by ``os._exit``) loses at most its last
+half second. A ``sitecustomize`` of the interpreter's own is shadowed.
 """
 
 from __future__ import annotations
@@ -27,22 +28,28 @@ from collections import defaultdict
 from pathlib import Path
 
 PROBE = '''
-import os, sys, threading
+import atexit, os, sys, threading
 from time import sleep as _sleep
 
-def _probe(folder=os.environ["PROCESS_CPU_DIR"], argv=" ".join(" ".join(sys.argv).split())[:300]):
-    path = os.path.join(folder, str(os.getpid()))
+_PATH = os.path.join(os.environ["PROCESS_CPU_DIR"], str(os.getpid()))
+_ARGV = " ".join(" ".join(sys.argv).split())[:300]
+
+def _sample():
+    try:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            title = " ".join(f.read().replace(b"\\0", b" ").decode(errors="replace").split())[:300]
+        t = os.times()
+        with open(_PATH, "w") as f:
+            f.write(f"{t.user + t.system:.2f}\\t{title}\\t{_ARGV}\\n")
+    except Exception:
+        pass
+
+def _probe():
     while True:
-        try:
-            with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
-                title = " ".join(f.read().replace(b"\\0", b" ").decode(errors="replace").split())[:300]
-            t = os.times()
-            with open(path, "w") as f:
-                f.write(f"{t.user + t.system:.2f}\\t{title}\\t{argv}\\n")
-        except Exception:
-            pass
+        _sample()
         _sleep(0.5)
 
+atexit.register(_sample)
 threading.Thread(target=_probe, name="process_cpu", daemon=True).start()
 '''
 
