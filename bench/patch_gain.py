@@ -30,19 +30,13 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+from process_cpu import busy_seconds  # noqa: E402
 from scale import spec_data  # noqa: E402
 
 from haepo_ray.upstream.declared import OPTIONAL  # noqa: E402
 
 SETTINGS = {"all": "all", **{f"without {key}": ",".join(k for k in OPTIONAL if k != key) for key in OPTIONAL},
             "required": "required"}
-
-
-def busy_seconds() -> float:
-    """CPU-seconds this machine has spent busy (all processes) since boot."""
-    with open("/proc/stat") as f:
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def run(spec: Path, setting: str, folder: Path) -> dict:

@@ -76,10 +76,11 @@ def kind(title: str, argv: str) -> str:
 
 
 def busy_seconds() -> float:
-    """The machine's busy CPU-s since boot: /proc/stat's first line less idle and iowait."""
+    """CPU-seconds this machine has spent busy (all processes) since boot (guest time is
+    already in user and nice)."""
     with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:

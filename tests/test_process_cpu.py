@@ -54,3 +54,12 @@ def test_a_failing_command_gives_its_exit_code(tmp_path):
                            sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3
     assert json.loads((tmp_path / "cpu.json").read_text())["exit"] == 3
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), str(out), "--"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "no command given (put it after --)" in proc.stderr
+    assert not out.exists()
