@@ -30,7 +30,7 @@ from haepo_ray.llm.capacity.measure import measure, measure_cuda
 from haepo_ray.llm.capacity.model_configs import model_config
 from haepo_ray.llm.capacity.simulate import simulate
 from haepo_ray.llm.capacity.steps import PHASES, Shapes
-from haepo_ray.llm.models import tiny_config
+from haepo_ray.llm.capacity.model_configs import tiny_config
 from haepo_ray.llm.settings import LLMTrainSettings
 
 MIB = 2**20

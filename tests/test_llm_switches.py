@@ -207,7 +207,7 @@ SHAPES = Shapes(prompt_tokens=12, completion_tokens=24)
 
 
 def _simulated(**settings):
-    from haepo_ray.llm.models import tiny_config
+    from haepo_ray.llm.capacity.model_configs import tiny_config
 
     vocab = settings.pop("vocab_size", 4096)
     target, replay = settings.pop("target", "cpu"), settings.pop("replay", True)
@@ -286,7 +286,7 @@ def test_simulated_switches_change_memory_where_they_should():
 def test_simulated_switches_match_the_measured_step(switches):
     from haepo_ray.llm.capacity.measure import measure
     from haepo_ray.llm.capacity.steps import PHASES
-    from haepo_ray.llm.models import tiny_config
+    from haepo_ray.llm.capacity.model_configs import tiny_config
 
     shapes = Shapes(prompt_tokens=12, completion_tokens=6)
     settings = LLMTrainSettings(**{"algo": "GRPO", "model": "tiny", "batch_prompts": 2, "group_size": 3,

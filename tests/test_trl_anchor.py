@@ -29,7 +29,7 @@ def _args(**overrides):
 
 @pytest.fixture(scope="module")
 def tiny_config():
-    from haepo_ray.llm.models import tiny_config
+    from haepo_ray.llm.capacity.model_configs import tiny_config
 
     return tiny_config(vocab_size=4096)  # a vocabulary ~64x the hidden size, as real LMs' (SmolLM2: 85x)
 

