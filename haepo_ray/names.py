@@ -106,7 +106,14 @@ VERSION_RLLIB = "haepo.version.rllib"
 VERSION_TORCH = "haepo.version.torch"
 VERSION_MLFLOW = "haepo.version.mlflow"
 VERSION_PYTHON = "haepo.version.python"
-PROVENANCE_PREFIXES = ("haepo.code.", "haepo.machine.", "haepo.version.")
+# The devices a trial's parts used (haepo_ray.provenance.device_tags): torch's devices, comma-separated
+# where several processes differ ("cpu", "cuda:0"), and what Ray gave the trial's process.
+DEVICE_LEARNER = "haepo.device.learner"  # an RL trial's learners
+DEVICE_ENV_RUNNER = "haepo.device.env_runner"  # an RL trial's env runners' modules
+DEVICE_POLICY = "haepo.device.policy"  # a language-model trial's policy
+DEVICE_RAY_GPU_IDS = "haepo.device.ray_gpu_ids"  # ray.get_gpu_ids() of the trial's process ("" for none)
+DEVICE_CUDA_VISIBLE = "haepo.device.cuda_visible_devices"  # its CUDA_VISIBLE_DEVICES ("unset" where not set)
+PROVENANCE_PREFIXES = ("haepo.code.", "haepo.machine.", "haepo.version.", "haepo.device.")
 
 
 def llm_eval(metric: str, mode: str = "greedy") -> str:

@@ -10,6 +10,9 @@ its own, each trial reports the provenance of the process that trains it with it
 - Machine: CPU count and model, total memory, and the GPUs visible to the process (CUDA, as
   PyTorch sees them: a Ray worker sees only the GPUs Ray gave it).
 - Versions: Ray, RLlib (which ships inside Ray, so it is Ray's), PyTorch, MLflow, Python.
+
+A trial also tags the devices its parts used (:func:`device_tags`), beside the GPUs Ray gave
+its process: a GPU sweep can check that no trial ran on a device Ray did not give it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
@@ -94,6 +98,19 @@ def library_versions() -> dict[str, str]:
     ray = _version("ray")
     return {names.VERSION_RAY: ray, names.VERSION_RLLIB: ray, names.VERSION_TORCH: _version("torch"),
             names.VERSION_MLFLOW: _version("mlflow"), names.VERSION_PYTHON: platform.python_version()}
+
+
+def device_tags(**used: Iterable[object]) -> dict[str, str]:
+    """Tags of the devices each part of a trial used (``learner=[device, ...]`` ->
+    :data:`~haepo_ray.names.DEVICE_LEARNER`: the distinct ones, sorted, comma-separated), the GPU
+    ids Ray gave this process and its ``CUDA_VISIBLE_DEVICES``."""
+    import ray
+
+    parts = {"learner": names.DEVICE_LEARNER, "env_runner": names.DEVICE_ENV_RUNNER, "policy": names.DEVICE_POLICY}
+    tags = {parts[part]: ",".join(sorted({str(d) for d in devices})) for part, devices in used.items()}
+    gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    return tags | {names.DEVICE_RAY_GPU_IDS: ",".join(map(str, gpu_ids)),
+                   names.DEVICE_CUDA_VISIBLE: os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}
 
 
 def provenance() -> dict[str, str]:

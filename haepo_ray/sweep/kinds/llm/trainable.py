@@ -20,7 +20,8 @@ the process group Ray Train set up (gloo on CPU, NCCL on GPU): whole prompt grou
 gradients summed, so W workers train what one does (:mod:`haepo_ray.llm.distributed`). One
 Tune result per RL update: the metric row flattened with ``/`` (its ``train_time_s`` is rank
 0's run's wall time from loading on; Tune's ``time_total_s`` also holds the start of the
-workers) and rank 0's provenance (:mod:`haepo_ray.provenance`).
+workers) and rank 0's provenance (:mod:`haepo_ray.provenance`), its SFT start and the device its policy is on,
+beside the GPUs Ray gave its process (run tags).
 
 *SFT starts.* A trial begins RL from the SFT start of its key
 (:mod:`haepo_ray.llm.sft_start`) in ``<experiment folder>/sft_starts``: the first trial that
@@ -106,7 +107,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None, start
     from haepo_ray.llm.distributed import World
     from haepo_ray.llm.sft_start import begin_rl, start_key
     from haepo_ray.llm.train import LLMRun, rl_metrics
-    from haepo_ray.provenance import provenance
+    from haepo_ray.provenance import device_tags, provenance
     from haepo_ray.tracking.schema import flatten
 
     session = session or ray.train
@@ -121,9 +122,10 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None, start
         device = "cuda"  # Tune gave the trial's process its GPU (CUDA_VISIBLE_DEVICES)
     settings = trial_settings(config, device)
     every = workers["checkpoint_frequency"]
-    tags = {names.SFT_START: start_key(settings)}
     with tempfile.TemporaryDirectory(prefix="haepo-llm-") as out:
         run = LLMRun(settings, out, world=World.current())
+        tags = {names.SFT_START: start_key(settings),
+                **device_tags(policy=[next(run.model.parameters()).device])}
         try:
             checkpoint = session.get_checkpoint()
             if checkpoint is not None:

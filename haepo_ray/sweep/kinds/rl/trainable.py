@@ -16,6 +16,11 @@ or NaN metric carries its last value forward (NaN before the first), as RLlib's 
 did with its smoothing window; the result names it under
 :data:`~haepo_ray.names.CARRIED_OVER`, and MLflow tracking does not log carried values.
 
+*Devices.* Every result carries, as run tags (:data:`~haepo_ray.names.RUN_TAGS`), the devices
+that the learners' and env runners' modules hold their parameters on, and the GPUs Ray gave
+the trial (:func:`~haepo_ray.provenance.device_tags`): a learner on the CPU where the trial
+asked for a GPU shows.
+
 Checkpoints are the algorithm's own (``Algorithm.from_checkpoint`` loads them), plus
 :data:`CARRIED_FILE` with the carried value, so that a trial restored from a checkpoint
 (a retry, a resumed sweep, a PBT exploit) carries on the value it had, not NaN.
@@ -30,12 +35,13 @@ from functools import cache
 from typing import Any
 
 from ray import tune
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.tune.result import RESULT_DUPLICATE
 
 from haepo_ray.upstream import rllib as rllib_internals
 from haepo_ray.upstream import tune as tune_internals
-from haepo_ray.names import CARRIED_OVER, PROVENANCE
-from haepo_ray.provenance import provenance
+from haepo_ray.names import CARRIED_OVER, PROVENANCE, RUN_TAGS
+from haepo_ray.provenance import device_tags, provenance
 
 CARRIED_FILE = "haepo_carried_metric.json"  # in the checkpoint: {"value": the carried metric}
 
@@ -49,6 +55,7 @@ class SweepTrainable(tune.Trainable):
 
     def setup(self, config: dict[str, Any]) -> None:
         self.algo = self._build(config)
+        self._devices = _devices(self.algo)
 
     def _build(self, config: dict[str, Any]):
         self._last_metric = math.nan
@@ -68,6 +75,7 @@ class SweepTrainable(tune.Trainable):
         # After Tune's own keys (training_iteration, time_total_s, ...) are in the result.
         result = super().train()
         result[PROVENANCE] = provenance()  # what trains this trial (MLflow tags its run)
+        result[RUN_TAGS] = self._devices
         return self._with_metric(result)
 
     def _with_metric(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +111,7 @@ class SweepTrainable(tune.Trainable):
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self.algo.stop()
         self.algo = self._build(new_config)
+        self._devices = _devices(self.algo)
         return True
 
     def cleanup(self) -> None:
@@ -113,6 +122,19 @@ class SweepTrainable(tune.Trainable):
     @classmethod
     def default_resource_request(cls, config):
         return cls.algo_cls.default_resource_request(config)
+
+
+def _devices(algo) -> dict[str, str]:
+    """:func:`~haepo_ray.provenance.device_tags` of ``algo``'s learners and env runners (those
+    that hold a module)."""
+
+    def parameters_devices(module) -> list[str]:  # an RLModule, a MultiRLModule of them, or None
+        parts = [] if module is None else module.values() if isinstance(module, MultiRLModule) else [module]
+        return [str(p.device) for part in parts for p in part.parameters()]
+
+    learners = [r.get() for r in algo.learner_group.foreach_learner(lambda learner: parameters_devices(learner.module))]
+    runners = algo.env_runner_group.foreach_env_runner(lambda runner: parameters_devices(runner.module))
+    return device_tags(learner=[d for ds in learners for d in ds], env_runner=[d for ds in runners for d in ds])
 
 
 def _is_nan(value: Any) -> bool:
