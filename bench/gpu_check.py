@@ -12,8 +12,9 @@ no gradient checkpointing) in bfloat16, prompts of 512 tokens; every completion 
 tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
 
 The configurations (:data:`CONFIGS`): those settings as given (micro-batches of 4), the whole
-update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpointing, and a
-planned fit (HAEPO only: :class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one
+update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpointing, static
+decoding (``decoding`` static: a static KV cache, whose decode step transformers compiles on
+CUDA; timed after the first run, which compiles), and a planned fit (HAEPO only: :class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one
 pass against :data:`PLAN_GIB` of memory, and the step runs with its choice).
 
 Per algorithm, on ``--device cuda``:
@@ -64,7 +65,7 @@ from haepo_ray.llm.capacity.accelerators import ACCELERATORS, EFFICIENCY, phase_
 from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES, estimate, memory_key  # noqa: E402
 from haepo_ray.llm.capacity.measure import measure, run_cuda, time_step  # noqa: E402
 from haepo_ray.llm.capacity.model_configs import model_config  # noqa: E402
-from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes  # noqa: E402
+from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes, generation_rows  # noqa: E402
 from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings  # noqa: E402
 from haepo_ray.sweep.kinds.llm.fit import GPUFit, estimate_keys  # noqa: E402
 
@@ -74,7 +75,8 @@ PAPER = dict(batch_prompts=4, group_size=4, sft_batch=4, max_new_tokens=48, micr
 TINY = dict(batch_prompts=2, group_size=2, sft_batch=2, max_new_tokens=8, micro_batch_size=2)
 # configuration -> settings changed from the paper's (LoRA's rank by model); "planned fit": module docstring
 CONFIGS = {"as given": {}, "one pass": {"micro_batch_size": 0}, "LoRA": {"lora_r": {"tiny": 2}},
-           "checkpointing": {"gradient_checkpointing": True}, "planned fit": {"micro_batch_size": 0}}
+           "checkpointing": {"gradient_checkpointing": True}, "static decoding": {"decoding": "static"},
+           "planned fit": {"micro_batch_size": 0}}
 LORA_R = 16
 # GiB the planned fit is held to, with no reserve: below the whole update in one pass, above the
 # smallest combination; the tiny model's is set from its own estimates (:func:`_plan_limit`)
@@ -174,7 +176,9 @@ def check(algo: str, model: str, device: str, configuration: str = "as given") -
     accelerator = ACCELERATORS[_accelerator(device)]
     roofline = phase_seconds(est, settings, accelerator, EFFICIENCY)
     row |= {"update_s": _update_seconds(seconds, settings), "roofline_s": sum(roofline[p] for p in RL_PHASES),
-            "phase_s": seconds, "roofline_phase_s": roofline}
+            "phase_s": seconds, "roofline_phase_s": roofline, "decoding": settings.decoding,
+            # one generate call's new tokens (every completion runs to max_new_tokens) per second
+            "new_tokens_per_s": generation_rows(settings) * settings.max_new_tokens / seconds["generation"]}
     for name, (a, b) in {"allocated_ratio": ("simulated_allocated", "measured_allocated"),
                          "reserved_ratio": ("simulated_reserved", "measured_reserved"),
                          "time_ratio": ("update_s", "roofline_s")}.items():
@@ -184,7 +188,7 @@ def check(algo: str, model: str, device: str, configuration: str = "as given") -
 
 def _table(result: dict) -> str:
     head = ["config", "algo", "micro-batch", "sim alloc GiB", "meas alloc GiB", "sim/meas", "sim reserved GiB",
-            "meas reserved GiB", "sim/meas", "update wall s", "roofline s", "wall/roofline"]
+            "meas reserved GiB", "sim/meas", "new tokens/s", "update wall s", "roofline s", "wall/roofline"]
     lines = [f"GPU check on {result['device_name']} ({result['device']}), model {result['model']}, torch "
              f"{result['torch']}, transformers {result['transformers']}; roofline: {result['accelerator']} at "
              f"{result['efficiency']:.0%} of peak", "", "| " + " | ".join(head) + " |",
@@ -198,7 +202,8 @@ def _table(result: dict) -> str:
                  *(f"{r[k] / GIB:.4g}" for k in ("simulated_allocated", "measured_allocated")),
                  f"{r['allocated_ratio']:.3f}",
                  *(f"{r[k] / GIB:.4g}" for k in ("simulated_reserved", "measured_reserved")),
-                 f"{r['reserved_ratio']:.3f}", f"{r['update_s']:.3f}", f"{r['roofline_s']:.4f}",
+                 f"{r['reserved_ratio']:.3f}", f"{r['new_tokens_per_s']:.0f}", f"{r['update_s']:.3f}",
+                 f"{r['roofline_s']:.4f}",
                  f"{r['time_ratio']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -57,13 +57,13 @@ def test_the_wrapper_hides_the_modules():
     assert "ModuleNotFoundError: No module named 'ray'" in proc.stderr
 
 
-CONFIGS = ("as given", "one pass", "LoRA", "checkpointing")
+CONFIGS = ("as given", "one pass", "LoRA", "checkpointing", "static decoding")
 ALGOS = ("HAEPO", "GRPO", "DPO")
 
 
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory):
-    """Every configuration of HAEPO (5 of the 13 rows: ~12 s of the full run's ~25 s). GRPO's and
+    """Every configuration of HAEPO (6 of the 16 rows). GRPO's and
     DPO's rows run the same ``check`` with another algorithm: their simulated and measured steps
     are test_llm_capacity's (every algorithm), and the full run is the slow tier's
     test_gpu_check_writes_every_row."""
@@ -89,7 +89,7 @@ def _check_rows(out: Path, proc: subprocess.CompletedProcess, algos: tuple[str, 
     expected = [(c, a) for c in CONFIGS for a in algos] + [("planned fit", "HAEPO")]
     assert [(r["config"], r["algo"]) for r in rows] == expected
     numbers = ("simulated_allocated", "measured_allocated", "allocated_ratio", "simulated_reserved",
-               "measured_reserved", "reserved_ratio", "update_s", "roofline_s", "time_ratio")
+               "measured_reserved", "reserved_ratio", "update_s", "roofline_s", "time_ratio", "new_tokens_per_s")
     for r in rows:
         assert all(math.isfinite(r[k]) and r[k] > 0 for k in numbers), r
         assert r["allocated_ratio"] == r["simulated_allocated"] / r["measured_allocated"]
@@ -97,7 +97,7 @@ def _check_rows(out: Path, proc: subprocess.CompletedProcess, algos: tuple[str, 
     table = (out / "gpu_check.md").read_text().splitlines()
     body = [line for line in table if line.startswith("| ") and not line.startswith("| config")]
     assert [tuple(line.split(" | ")[:2]) for line in body] == [(f"| {c}", a) for c, a in expected]
-    assert all(len(line.split(" | ")) == 12 for line in body)
+    assert all(len(line.split(" | ")) == 13 for line in body)
 
 
 def test_gpu_check_writes_one_row_per_configuration_with_finite_numbers(cpu_check):
@@ -106,7 +106,7 @@ def test_gpu_check_writes_one_row_per_configuration_with_finite_numbers(cpu_chec
 
 @pytest.mark.slow
 def test_gpu_check_writes_every_row(tmp_path):
-    """The script's default run: all 13 rows, every algorithm in every configuration."""
+    """The script's default run: all 16 rows, every algorithm in every configuration."""
     proc = _run([str(tmp_path), "--device", "cpu", "--model", "tiny"])
     _check_rows(tmp_path, proc, algos=ALGOS)
 
@@ -120,6 +120,7 @@ def test_each_configuration_runs_with_its_settings(cpu_check):
     assert rows["LoRA", "HAEPO"]["lora_r"] == 2
     assert rows["LoRA", "HAEPO"]["measured_allocated"] < given["measured_allocated"]
     assert rows["checkpointing", "HAEPO"]["gradient_checkpointing"]
+    assert (given["decoding"], rows["static decoding", "HAEPO"]["decoding"]) == ("dynamic", "static")
     # planned from the whole update in one pass against a limit below it: the plan changed it
     planned = rows["planned fit", "HAEPO"]
     assert (planned["micro_batch_size"], planned["gradient_checkpointing"]) != (0, False)

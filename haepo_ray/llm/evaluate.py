@@ -44,10 +44,10 @@ def evaluate(settings: LLMTrainSettings, policy: Policy, tokenizer: Any, reward_
         with policy.autocast():
             completions = {
                 "greedy": (*generate(model, tokenizer, prompts, group_size=1, max_new_tokens=s.max_new_tokens,
-                                     min_new_tokens=1, greedy=True), chosen),
+                                     min_new_tokens=1, greedy=True, decoding=s.decoding), chosen),
                 "sampled": (*sample_groups(model, tokenizer, prompts, seeds, positions, group_size=s.eval_samples,
                                            max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
-                                           temperature=s.temperature, together=True),
+                                           temperature=s.temperature, together=True, decoding=s.decoding),
                             [e for e in chosen for _ in range(s.eval_samples)]),
             }
         for mode, (batch, mode_texts, examples) in completions.items():

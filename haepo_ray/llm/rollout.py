@@ -6,6 +6,14 @@ marks a completion's tokens up to and including its first EOS; what follows is p
 tokenizers pad with the EOS token itself, so the mask comes from the first EOS, never from
 the pad id). Position ids come from the attention mask, so L_k does not depend on how much
 padding a row carries on either side.
+
+Decoding (``decoding``): transformers' dynamic KV cache, grown by a token per step, or its
+static cache, allocated once for the prompt and every new token, which lets transformers
+compile the decode step on CUDA (CUDA graphs: one launch per step instead of a few hundred
+kernels). A compiled step is specialised to the cache's shape, so with a static cache prompts
+are left-padded to a multiple of :data:`STATIC_PROMPT_MULTIPLE` tokens for ``generate``; the
+padding no row needs is dropped from the batch again. The same tokens under greedy decoding,
+the same logits within float rounding (``tests/test_llm_rollout.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ from torch import Tensor
 from haepo_ray.loss import is_fake
 
 __all__ = [
+    "STATIC_PROMPT_MULTIPLE",
     "Batch",
     "completion_batch",
     "concat_batches",
     "generate",
+    "padded_prompt_width",
     "sample_completions",
     "sample_groups",
     "sampling_kwargs",
@@ -58,11 +68,20 @@ class Batch:
                                               self.completion_mask, self.prompt_index)))
 
 
-def _encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+STATIC_PROMPT_MULTIPLE = 64  # decoding static: prompts are left-padded to a multiple of this many tokens
+
+
+def padded_prompt_width(width: int, decoding: str = "dynamic") -> int:
+    """The width that prompts of at most ``width`` tokens are padded to for ``generate``: with
+    ``decoding`` static the next multiple of :data:`STATIC_PROMPT_MULTIPLE`, else ``width``."""
+    return -(-width // STATIC_PROMPT_MULTIPLE) * STATIC_PROMPT_MULTIPLE if decoding == "static" else width
+
+
+def _encode_prompts(tokenizer: Any, prompts: Sequence[str], decoding: str = "dynamic") -> tuple[Tensor, Tensor]:
     rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if any(not r for r in rows):
         raise ValueError("a prompt encodes to no tokens")
-    width = max(map(len, rows))
+    width = padded_prompt_width(max(map(len, rows)), decoding)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
@@ -92,11 +111,13 @@ def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
 
 
 def sampling_kwargs(*, eos_token_id: list[int], pad_token_id: int, max_new_tokens: int, min_new_tokens: int = 1,
-                    temperature: float = 1.0, greedy: bool = False) -> dict[str, Any]:
-    """transformers' ``generate`` options of a trial's sampling (pure sampling: no top-k/top-p)."""
+                    temperature: float = 1.0, greedy: bool = False, decoding: str = "dynamic") -> dict[str, Any]:
+    """transformers' ``generate`` options of a trial's sampling (pure sampling: no top-k/top-p)
+    with ``decoding``'s KV cache."""
     sampling = {} if greedy else {"temperature": temperature, "top_k": 0, "top_p": 1.0}
+    cache = {"cache_implementation": "static"} if decoding == "static" else {}
     return {"do_sample": not greedy, "max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens,
-            "pad_token_id": pad_token_id, "eos_token_id": eos_token_id, **sampling}
+            "pad_token_id": pad_token_id, "eos_token_id": eos_token_id, **sampling, **cache}
 
 
 @torch.no_grad()
@@ -110,16 +131,19 @@ def sample_completions(model: Any, ids: Tensor, mask: Tensor, **sampling: Any) -
 @torch.no_grad()
 def generate(
     model: Any, tokenizer: Any, prompts: Sequence[str], *, group_size: int, max_new_tokens: int,
-    min_new_tokens: int = 1, temperature: float = 1.0, greedy: bool = False,
+    min_new_tokens: int = 1, temperature: float = 1.0, greedy: bool = False, decoding: str = "dynamic",
 ) -> tuple[Batch, list[str]]:
-    """``group_size`` sampled completions per prompt (:func:`sample_completions`) and their texts."""
+    """``group_size`` sampled completions per prompt (:func:`sample_completions`, with
+    ``decoding``'s KV cache) and their texts."""
     device = next(model.parameters()).device
-    ids, mask = _encode_prompts(tokenizer, prompts)
+    ids, mask = _encode_prompts(tokenizer, prompts, decoding)
     ids, mask = ids.repeat_interleave(group_size, 0).to(device), mask.repeat_interleave(group_size, 0).to(device)
     eos = _eos_ids(tokenizer, model)
     completion_ids = sample_completions(
         model, ids, mask, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens, temperature=temperature, greedy=greedy)
+        min_new_tokens=min_new_tokens, temperature=temperature, greedy=greedy, decoding=decoding)
+    first = int(mask.any(0).long().argmax())  # the padding no row needs (decoding static's) goes
+    ids, mask = ids[:, first:], mask[:, first:]
     completion_mask = _until_first_eos(completion_ids, eos)
     texts = tokenizer.batch_decode(completion_ids.masked_fill(~completion_mask, tokenizer.pad_token_id),
                                    skip_special_tokens=True)
@@ -130,6 +154,7 @@ def generate(
 def sample_groups(
     model: Any, tokenizer: Any, prompts: Sequence[str], seeds: Sequence[int], positions: Sequence[int], *,
     group_size: int, max_new_tokens: int, min_new_tokens: int = 1, temperature: float = 1.0, together: bool = False,
+    decoding: str = "dynamic",
 ) -> tuple[Batch, list[str]]:
     """:func:`generate` one prompt at a time, each from its own seed: a prompt's completions do
     not depend on the other prompts nor on the global RNG (so not on which worker draws them,
@@ -145,7 +170,7 @@ def sample_groups(
             torch.manual_seed(seed)
             batch, call_texts = generate(model, tokenizer, call_prompts, group_size=group_size,
                                          max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                                         temperature=temperature)
+                                         temperature=temperature, decoding=decoding)
         index = torch.tensor(list(call_positions), device=device).repeat_interleave(group_size)
         batches.append(Batch(batch.input_ids, batch.attention_mask, batch.completion_mask, index))
         texts += call_texts

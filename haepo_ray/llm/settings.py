@@ -33,7 +33,7 @@ NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
 MEMORY_FIELDS: tuple[str, ...] = (
     "model", "algo", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
     "gradient_checkpointing", "lora_r", "lora_target_modules", "reference", "logits", "logits_chunk", "generation",
-    "precision", "adamw", "num_iterations",
+    "decoding", "precision", "adamw", "num_iterations",
 )
 # Implementation switches: other tools' ways of running the same step (haepo_ray.llm.policy), the
 # first value this project's (the default). Each setting's values; HELP says what each does.
@@ -41,6 +41,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "reference": ("auto", "copy", "none"),
     "logits": ("gather", "full", "chunked"),
     "generation": ("group", "batch"),
+    "decoding": ("dynamic", "static"),
     "precision": ("pure", "mixed"),
     "adamw": ("auto", "foreach", "per_parameter"),
 }
@@ -123,6 +124,7 @@ class LLMTrainSettings:
     logits: str = "gather"
     logits_chunk: int = 256
     generation: str = "group"
+    decoding: str = "dynamic"
     precision: str = "pure"
     adamw: str = "auto"
     num_iterations: int = 1
@@ -229,6 +231,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "logits_chunk": "tokens per LM-head chunk of logits chunked",
     "generation": "sampling: group (one generate call per prompt, each from its own seed) or batch (one call "
                   "for all of a worker's prompts, from the first prompt's seed)",
+    "decoding": "generate's KV cache: dynamic (grown each token) or static (preallocated for prompts padded "
+                "to a multiple of 64 tokens; on CUDA transformers compiles the decode step, CUDA graphs)",
     "precision": "pure (weights, gradients and AdamW's state in dtype) or mixed (those in float32, the passes "
                  "under autocast to dtype bfloat16 or float16)",
     "adamw": "AdamW's step: auto (torch chooses: multi-tensor on CUDA), foreach (multi-tensor) or per_parameter",

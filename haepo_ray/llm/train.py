@@ -285,7 +285,8 @@ class LLMRun:
                 samples, texts = sample_groups(
                     self.model, tokenizer, prompts, [sample_seed(s.seed, self.update, i) for i in positions],
                     positions, group_size=s.group_size, max_new_tokens=s.max_new_tokens,
-                    min_new_tokens=s.min_new_tokens, temperature=s.temperature, together=s.generation == "batch")
+                    min_new_tokens=s.min_new_tokens, temperature=s.temperature, together=s.generation == "batch",
+                    decoding=s.decoding)
             group_examples = [e for e in local for _ in range(s.group_size)]
             rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
             if OBJECTIVES[s.algo].with_gold:  # per prompt: [gold, its samples], gold preferred to every sample

@@ -34,7 +34,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from haepo_ray.llm.capacity.steps import Shapes, generation_rows, group_sampling, run_steps
-from haepo_ray.llm.rollout import sample_completions
+from haepo_ray.llm.rollout import padded_prompt_width, sample_completions
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
 __all__ = ["MeasuredPhase", "PhaseMarks", "RealStep", "measure", "measure_cuda", "phase_peaks", "run_cuda", "time_step"]
@@ -64,9 +64,12 @@ class PhaseMarks:
 
 
 def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int) -> None:
-    rows = generation_rows(settings)
-    sample_completions(model, torch.zeros(rows, prompt_tokens, dtype=torch.long),
-                       torch.ones(rows, prompt_tokens, dtype=torch.long), **group_sampling(model, settings))
+    """One ``generate`` call of a trial on prompts of ``prompt_tokens``, left-padded as its
+    ``decoding`` pads them."""
+    rows, width = generation_rows(settings), padded_prompt_width(prompt_tokens, settings.decoding)
+    mask = torch.ones(rows, width, dtype=torch.long)
+    mask[:, :width - prompt_tokens] = 0
+    sample_completions(model, torch.zeros(rows, width, dtype=torch.long), mask, **group_sampling(model, settings))
 
 
 def phase_peaks(events: list[Any]) -> dict[str, MeasuredPhase]:

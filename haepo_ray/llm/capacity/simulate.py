@@ -16,6 +16,11 @@ peak is every decode step's bound; a step's FLOPs are affine in its context, so 
 decode steps make (n - 1)(first + last) / 2. The rows are one ``generate`` call's
 (:func:`~haepo_ray.llm.capacity.steps.generation_rows`: one prompt's group, or every prompt's
 with ``generation`` batch); generation's peak is one call's, its FLOPs every call's of an update.
+With ``decoding`` static the cache is transformers' ``StaticCache``, allocated at the first
+step for the padded prompt (:func:`~haepo_ray.llm.rollout.padded_prompt_width`) and every new
+token, and every decode step attends over all of it: the first decode step's peak and FLOPs are
+every step's. (CUDA graphs keep a decode step's intermediates in a pool of their own, which the
+estimate does not count; ``bench/gpu_check.py`` measures what that adds.)
 
 ``target="cuda"`` counts as CUDA's caching allocator does (512-byte blocks), runs attention
 through the kernel CUDA's ``scaled_dot_product_attention`` picks on an A100/H100 for these
@@ -61,7 +66,7 @@ from haepo_ray.llm.capacity.steps import (
 )
 from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak, PhasePeaks
 from haepo_ray.llm.policy import model_passes
-from haepo_ray.llm.rollout import sampling_kwargs
+from haepo_ray.llm.rollout import padded_prompt_width, sampling_kwargs
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.upstream.torch import efficient_attention, fake_mode, flash_attention
 from haepo_ray.upstream.transformers import logits_processors
@@ -173,16 +178,21 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def _tracked_cache(model: Any, tracker: LiveBytes) -> Any:
-    """A ``DynamicCache`` whose tensors count as ``kv_cache``."""
-    from transformers import DynamicCache
+def _tracked_cache(model: Any, tracker: LiveBytes, static_length: int | None = None) -> Any:
+    """A ``DynamicCache``, or a ``StaticCache`` of ``static_length`` positions, whose tensors
+    count as ``kv_cache``."""
+    from transformers import DynamicCache, StaticCache
 
-    class TrackedCache(DynamicCache):
+    base = DynamicCache if static_length is None else StaticCache
+
+    class TrackedCache(base):
         def update(self, *args: Any, **kwargs: Any) -> Any:
             with tracker.category("kv_cache"):
                 return super().update(*args, **kwargs)
 
-    return TrackedCache(config=model.config)
+    if static_length is None:
+        return TrackedCache(config=model.config)
+    return TrackedCache(config=model.config, max_cache_len=static_length)
 
 
 def _cache_argument(model: Any) -> str:
@@ -198,7 +208,10 @@ def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracke
     loop variables alive from one step until the next reassigns them."""
     rows, n = generation_rows(settings), settings.max_new_tokens
     sampling = group_sampling(model, settings)
-    cache = _tracked_cache(model, tracker)
+    static = settings.decoding == "static"
+    padding = padded_prompt_width(prompt_tokens, settings.decoding) - prompt_tokens  # masked, as in a trial
+    prompt_tokens += padding
+    cache = _tracked_cache(model, tracker, prompt_tokens + n if static else None)
     loop = SimpleNamespace(input_ids=torch.zeros(rows, prompt_tokens, dtype=torch.long))  # the rows so far
     processors = logits_processors(model, sampling_kwargs(**sampling), loop.input_ids)
     unfinished = torch.ones(rows, dtype=torch.long)
@@ -206,6 +219,7 @@ def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracke
 
     def step(ids: torch.Tensor) -> None:
         mask = torch.ones(loop.input_ids.shape, dtype=torch.long)
+        mask[:, :padding] = 0
         logits = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **cache_kwargs).logits
         loop.next_token_logits = logits[:, -1].to(copy=True, dtype=torch.float32)
         loop.next_token_scores = processors(loop.input_ids, loop.next_token_logits)
@@ -219,6 +233,9 @@ def _generate(model: Any, settings: LLMTrainSettings, prompt_tokens: int, tracke
         return
     with tracker.watermark() as first:
         step(loop.next_tokens[:, None])
+    if static:  # every decode step as the first: the same cache, attended whole
+        tracker.add_flops((n - 2) * first.flops)
+        return
     if n == 2:
         return
     with tracker.category("kv_cache"):  # the cache before the last step: P + n - 2 positions

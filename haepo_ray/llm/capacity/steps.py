@@ -87,7 +87,7 @@ def group_sampling(model: Any, settings: LLMTrainSettings) -> dict[str, Any]:
     eos = model.config.eos_token_id
     return {"eos_token_id": [eos] if isinstance(eos, int) else list(eos), "pad_token_id": model.config.pad_token_id or 0,
             "max_new_tokens": settings.max_new_tokens, "min_new_tokens": settings.min_new_tokens,
-            "temperature": settings.temperature}
+            "temperature": settings.temperature, "decoding": settings.decoding}
 
 
 def warm(parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, recorder: Recorder) -> None:
