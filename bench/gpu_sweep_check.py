@@ -18,6 +18,8 @@ Rows (:data:`ROWS`):
   trial's device is ``cuda:i`` with ``i`` below the count of ``CUDA_VISIBLE_DEVICES``, which
   equals Ray's GPU ids for the trial; a trial that asked for no GPU has no Ray GPU id and ran
   on the CPU.
+- ``lm_refused``: a sweep whose trial the simulator says cannot fit its GPU is refused before
+  launch, naming the numbers, with no trial run in MLflow.
 - ``lm_packed``: a language-model sweep, HAEPO, GRPO and DPO x 2 seeds, on a randomly
   initialised model of a real architecture (``random:qwen2.5-0.5b``; no weights can reach the
   GPU machine) with ``gpus_per_worker: auto`` (each trial asks Ray for the fraction of the GPU
@@ -26,8 +28,6 @@ Rows (:data:`ROWS`):
   update) beside its simulated ones; none may fail; how many ran at once and both wall times.
   On ``--device cpu``: the packing is planned only (each trial's share, how many fit), and the
   same trials run on the CPU with no GPU asked (``ray_gpu_assignment`` checks them).
-- ``lm_refused``: a sweep whose trial the simulator says cannot fit its GPU is refused before
-  launch, naming the numbers, with no trial run in MLflow.
 
 ``--device cpu`` (the slow test tier; Ray is told it has one GPU, torch has none): every row
 but ``loss_cuda_vs_cpu``, with each trial on the device torch can give it, the CPU. A GPU row
@@ -406,8 +406,8 @@ ROWS: dict[str, tuple[str, Callable[[Check], dict[str, Any]]]] = {
     "rl_learners": ("RL: 4 trials share one GPU, every learner on CUDA", row_rl_learners),
     "rl_iteration_time": ("RL: time per iteration, GPU learner against CPU learner", row_rl_iteration_time),
     "loss_cuda_vs_cpu": ("HAEPO's loss and gradients on CUDA equal the CPU's", row_loss_cuda_vs_cpu),
-    "lm_packed": ("LM: trials packed onto one GPU by their simulated memory", row_lm_packed),
     "lm_refused": ("LM: a trial that cannot fit is refused before launch", row_lm_refused),
+    "lm_packed": ("LM: trials packed onto one GPU by their simulated memory", row_lm_packed),
     "ray_gpu_assignment": ("Every trial on a device Ray gave it; no GPU asked, the CPU", row_ray_gpu_assignment),
 }
 
