@@ -143,6 +143,18 @@ def check_provenance(tags) -> None:
     assert "haepo.machine.gpus" in tags
 
 
+def check_cpu_devices(tags, *parts: str) -> None:
+    """A trial that asked Ray for no GPU tags the CPU as the device of each of ``parts`` (its
+    learner, env runner or policy), no Ray GPU id, and its CUDA_VISIBLE_DEVICES as it was."""
+    import os
+
+    from haepo_ray import names
+
+    assert {tags[f"haepo.device.{part}"] for part in parts} == {"cpu"}, tags
+    assert tags[names.DEVICE_RAY_GPU_IDS] == ""
+    assert tags[names.DEVICE_CUDA_VISIBLE] in ("", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+
+
 def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
                           checkpoints: bool = True) -> None:
     """The MLflow side of a finished sweep: one parent, exactly one child per trial, each
@@ -178,6 +190,7 @@ def check_sweep_in_mlflow(uri: str, experiment: str, result, *, iterations: int,
         assert tags["haepo.seed"] == str(trial.values["seed"])
         assert tags["haepo.node_ip"] and tags["haepo.hostname"]
         check_provenance(tags)
+        check_cpu_devices(tags, "learner", "env_runner")
         params = child.data.params
         assert float(params["lr"]) == trial.values["lr"]
         assert params["seed"] == str(trial.values["seed"])

@@ -27,7 +27,7 @@ import mlflow
 import pytest
 import torch
 import yaml
-from helpers import MLflowServer, check_provenance, sqlite_store
+from helpers import MLflowServer, check_cpu_devices, check_provenance, sqlite_store
 from mlflow.tracking import MlflowClient
 
 from haepo_ray import names
@@ -102,6 +102,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
         assert tags[names.ROLE] == "trial" and tags[names.PARENT_RUN] == parent.info.run_id
         assert tags[names.ALGORITHM] == params["algo"] and tags[names.MODEL] == "tiny"
         check_provenance(tags)
+        check_cpu_devices(tags, "policy")
         seen.add((tags[names.ALGORITHM], tags[names.SEED]))
         assert params["ray_train/num_workers"] == "0" and params["rl_updates"] == str(updates)
         # its GPU memory estimate (llm.gpu_memory_gb is set), next to the measured peaks
