@@ -72,6 +72,7 @@ class LLMPlan(Plan):
     default_metrics = LLM_METRICS
     progress_metrics = {names.LLM_UPDATE: "update", names.LLM_TRAIN_TIME: "time (s)", names.LLM_REWARD: "reward"}
     tune_checkpoints = False  # the trial's loop checkpoints (haepo_ray.sweep.kinds.llm.trainable)
+    patched = ("tune", "torch")  # the memory simulator's overrides fit the trials (fitted)
 
     @classmethod
     def resolve(cls, spec: LLMSweepSpec) -> LLMPlan:
