@@ -88,11 +88,15 @@ class Internal:
 
 @functools.cache
 def on_self(cls: type, name: str) -> bool:
-    """Whether the source of ``cls`` itself (not its bases) uses ``self.<name>``."""
+    """Whether the source of ``cls`` itself (not its bases) uses ``self.<name>`` (for a mangled
+    name, ``_Class__x``, ``self.__x`` in class ``Class``)."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return False
+    mangled = re.fullmatch(r"_([A-Za-z]\w*?)(__\w+)", name)
+    if mangled and mangled.group(1) == cls.__name__:
+        name = mangled.group(2)
     return re.search(rf"self\.{re.escape(name)}\b", source) is not None
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import inspect
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
@@ -171,6 +172,26 @@ def set_iteration(algorithm, iteration: int) -> None:
     algorithm._iteration = iteration
 
 
+def local_learner(group):
+    """``LearnerGroup._learner``: the learner of a group without remote learners
+    (``num_learners=0``), None otherwise; ``bench/cartpole_vs_ppo.py`` times its gradient steps."""
+    return getattr(group, "_learner", None)
+
+
+_ppo_sampling: dict[str, Callable] = {}
+
+
+def time_ppo_sampling(wrap: Callable[[Callable], Callable]) -> None:
+    """PPO's training step calls ``wrap(synchronous_parallel_sample)`` in place of RLlib's
+    function (a name its module imports, which no PPO config can swap); ``bench/cartpole_vs_ppo.py``
+    times PPO's sampling so. A second call wraps RLlib's own function again, not the last wrapper."""
+    from ray.rllib.algorithms.ppo import ppo
+
+    PPO_SAMPLING_TIMED.apply()
+    original = _ppo_sampling.setdefault("original", ppo.synchronous_parallel_sample)
+    ppo.synchronous_parallel_sample = wrap(original)
+
+
 def caller_frames(context: int = 1) -> list[inspect.FrameInfo]:
     """``inspect.stack()`` without reading source files: the same frames, from the caller
     outward, each with ``co_filename`` as its file and no code context (``context`` is
@@ -233,6 +254,10 @@ INTERNALS = (
              ("self", "name", "components", "not_components")),
     Internal("ray.rllib.algorithms.algorithm:Algorithm", "_iteration", "written: the step counter", kind="instance"),
     Internal("ray.rllib.connectors.connector_v2", "inspect", "swapped: connectors built without source reads"),
+    Internal("ray.util.debug", "log_once", "called: RLlib's new-stack notice marked logged", ("key",)),
+    Internal("ray.rllib.core.learner.learner_group:LearnerGroup", "_learner", "read: the local learner (bench)",
+             kind="instance"),
+    Internal("ray.rllib.algorithms.ppo.ppo", "synchronous_parallel_sample", "swapped: PPO's sampling timed (bench)"),
 )
 
 CONNECTORS_WITHOUT_SOURCE = Patch("connectors built without reading source files", "ray", TESTED, "connectors",
@@ -242,3 +267,6 @@ SAMPLING_HOOKS = Patch("SamplingHooks: the env runner's sampling loop and counte
                        None, lambda: None,
                        pick(INTERNALS, "SingleAgentEnvRunner._sample", "SingleAgentEnvRunner._increase_sampled_metrics"))
 PATCHES = (CONNECTORS_WITHOUT_SOURCE, SAMPLING_HOOKS)
+# Applied by bench/ only, so not among the patches a sweep checks first.
+PPO_SAMPLING_TIMED = Patch("PPO's sampling timed (bench/cartpole_vs_ppo.py)", "ray", TESTED, None, lambda: None,
+                           pick(INTERNALS, "ppo.synchronous_parallel_sample"))

@@ -45,6 +45,8 @@ the folder and MLflow runs of the trials that had finished. Patched, the error r
 
 Read, not patched:
 
+- ``Trial.__unresolved_config``, ``Trial._state_json``, ``_TrainingRunMetadata._cached_json``
+  (:func:`trial_caches`): what ``bench/trial_memory.py`` weighs of a finished trial.
 - ``Tuner._local_tuner`` (:func:`set_restored_callbacks`): ``tuner.pkl`` holds the first run's
   callbacks (unstarted copies), and Ray 2.60 has no public way to give a restored ``Tuner``
   this run's.
@@ -250,6 +252,15 @@ def release(trial) -> None:
         metadata.last_result = {**last, "config": trial.config}
 
 
+def trial_caches(trial) -> dict[str, object]:
+    """What a Tune ``Trial`` holds beside its state, as ``bench/trial_memory.py`` weighs it: its
+    unresolved config (``Trial.__unresolved_config``) and the cached JSON of its state
+    (``Trial._state_json``) and of its run metadata (``_TrainingRunMetadata._cached_json``)."""
+    return {"unresolved config": vars(trial).get("_Trial__unresolved_config"),
+            "cached JSON: trial state": trial._state_json,
+            "cached JSON: run metadata": trial.run_metadata._cached_json}
+
+
 def set_restored_callbacks(tuner, callbacks: list) -> None:
     """Gives a ``Tuner.restore``-d tuner this run's ``callbacks`` (``Tuner._local_tuner``)."""
     tuner._local_tuner.get_run_config().callbacks = callbacks
@@ -297,6 +308,10 @@ INTERNALS = (
     Internal("ray.tune.impl.tuner_internal", "ExperimentAnalysis", "swapped during a restore: not built"),
     Internal("ray.tune.experiment.trial:Trial", "run_metadata", "written: a finished trial's deques let go", kind="instance"),
     Internal("ray.tune.trainable.metadata:_TrainingRunMetadata", "metric_n_steps", "written: let go", kind="instance"),
+    Internal("ray.tune.experiment.trial:Trial", "_Trial__unresolved_config", "read: weighed (bench)", kind="instance"),
+    Internal("ray.tune.experiment.trial:Trial", "_state_json", "read: weighed (bench)", kind="instance"),
+    Internal("ray.tune.trainable.metadata:_TrainingRunMetadata", "_cached_json", "read: weighed (bench)",
+             kind="instance"),
     Internal("ray.tune:Tuner", "_local_tuner", "read: a restored tuner's run config", kind="instance"),
     Internal("ray.tune:Trainable", "_storage", "read: the trial's storage context", kind="instance"),
     Internal("ray.tune.search.sample", "_BackwardsCompatibleNumpyRng", "called: the search's random state",

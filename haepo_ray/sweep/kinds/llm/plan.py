@@ -112,10 +112,10 @@ class LLMPlan(Plan):
         if methods(spec) is not None:
             keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
-        plan._check_dpo_settings()
+        plan.check_dpo_settings()
         return plan
 
-    def _check_dpo_settings(self) -> None:
+    def check_dpo_settings(self) -> None:
         """Refuses a setting of :data:`~haepo_ray.llm.settings.NOT_DPO` where the trials include
         DPO, whose loss has no such term: its trials would ignore the value MLflow logs."""
         from haepo_ray.llm.settings import NOT_DPO
