@@ -82,7 +82,8 @@ def test_the_overrides_state_their_tested_versions_and_are_checked_the_same_way(
         override = getattr(fence, name)
         assert override in upstream.patches() and override.internals and not override.optional
         assert override.check() is None  # the installed version is a tested one
-        with pytest.raises(UpstreamVersionError, match=rf"'{re.escape(override.name)}'.* and {library} 99.0 is installed"):
+        installed = rf"'{re.escape(override.name)}'.* and {library} 99.0 is installed"
+        with pytest.raises(UpstreamVersionError, match=installed):
             override.check("99.0")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import logging
 import os
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["PATCHES_SETTING", "UNTESTED", "Internal", "Patch", "PatchSettingError", "UpstreamVersionError",
-           "installed_version", "refusal", "setting"]
+           "check_patches", "installed_version", "keeps", "pick", "refusal", "setting", "untested_warning"]
 
 # Comma-separated: "all" (the default): every patch; "required": only those a sweep's
 # correctness needs (the optional ones only save time or memory); the optional ones named by

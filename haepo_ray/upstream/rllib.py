@@ -265,7 +265,8 @@ CONNECTORS_WITHOUT_SOURCE = Patch("connectors built without reading source files
 # An override, not a patch: HAEPO's env runner subclasses SamplingHooks (also when HAEPO is built as a library).
 SAMPLING_HOOKS = Patch("SamplingHooks: the env runner's sampling loop and counters overridden", "ray", TESTED,
                        None, lambda: None,
-                       pick(INTERNALS, "SingleAgentEnvRunner._sample", "SingleAgentEnvRunner._increase_sampled_metrics"))
+                       pick(INTERNALS, "SingleAgentEnvRunner._sample",
+                            "SingleAgentEnvRunner._increase_sampled_metrics"))
 PATCHES = (CONNECTORS_WITHOUT_SOURCE, SAMPLING_HOOKS)
 # Applied by bench/ only, so not among the patches a sweep checks first.
 PPO_SAMPLING_TIMED = Patch("PPO's sampling timed (bench/cartpole_vs_ppo.py)", "ray", TESTED, None, lambda: None,
