@@ -236,18 +236,17 @@ def instrument(algo) -> dict[str, Clock]:
     clocks = {"sample": Clock(), "learner_update": Clock(), "grad_steps": Clock()}
     group = algo.learner_group
     group.update = clocks["learner_update"].wrap(group.update)
-    learner = getattr(group, "_learner", None)  # local learner (num_learners=0)
+    from haepo_ray.rl.algorithm import HAEPO
+    from haepo_ray.upstream import rllib as rllib_internals
+
+    learner = rllib_internals.local_learner(group)
     if learner is None:
         raise RuntimeError("this benchmark counts gradient steps on a local learner (num_learners=0)")
     learner.apply_gradients = clocks["grad_steps"].wrap(learner.apply_gradients)
-    if hasattr(algo, "_sample_episodes"):  # HAEPO
-        algo._sample_episodes = clocks["sample"].wrap(algo._sample_episodes)
+    if isinstance(algo, HAEPO):
+        algo.sample_episodes = clocks["sample"].wrap(algo.sample_episodes)
     else:  # PPO calls the module-level synchronous_parallel_sample
-        import ray.rllib.algorithms.ppo.ppo as ppo_module
-
-        if not hasattr(ppo_module, "_bench_original_sample"):
-            ppo_module._bench_original_sample = ppo_module.synchronous_parallel_sample
-        ppo_module.synchronous_parallel_sample = clocks["sample"].wrap(ppo_module._bench_original_sample)
+        rllib_internals.time_ppo_sampling(clocks["sample"].wrap)
     return clocks
 
 

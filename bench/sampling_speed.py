@@ -143,7 +143,7 @@ def haepo_runner(n: int, steps: int, lean: bool, algos: list):
     algo = config.build_algo()
     algos.append(algo)
     runner = algo.env_runner_group.local_env_runner
-    assert (runner._lean_path_blocker() is None) == lean
+    assert (runner.lean_path_blocker() is None) == lean
     if POLICY["name"] == "balancing":
         make_balancing(linear_layers(runner.module))
 

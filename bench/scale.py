@@ -233,12 +233,7 @@ class Monitor(threading.Thread):
         if not self.callbacks:
             return None
         cb = self.callbacks[-1]
-        backlog = getattr(cb, "backlog", None)
-        if callable(backlog):
-            return backlog()
-        writer = getattr(cb, "_writer", None)
-        q = getattr(writer, "_queue", None)
-        return q.qsize() if q is not None else None
+        return cb.backlog()
 
     def rss(self) -> int:
         pid = self.driver_pid
@@ -315,16 +310,14 @@ def capture_callbacks(monitor: Monitor) -> None:
     """Wraps run_sweep's make_callback so that the monitor holds the MLflow callback."""
     from haepo_ray.sweep import runner
 
-    original = runner.make_callback
-    if getattr(original, "_scale_wrapped", False):
-        original = original.__wrapped__
+    original = getattr(runner.make_callback, "__wrapped__", runner.make_callback)
 
     def make_callback(*args, **kwargs):
         cb = original(*args, **kwargs)
         monitor.callbacks.append(cb)
-        writer = getattr(cb, "_writer", None)
-        if monitor.profile_writer and writer is not None:  # --profile: the MLflow writer's thread
-            run = writer._run
+        writer = cb.writer
+        if monitor.profile_writer:  # --profile: the MLflow writer's thread
+            run = writer.run
 
             def profiled():
                 monitor.writer_profile = cProfile.Profile()
@@ -334,10 +327,9 @@ def capture_callbacks(monitor: Monitor) -> None:
                 finally:
                     monitor.writer_profile.disable()
 
-            writer._run = profiled
+            writer.run = profiled
         return cb
 
-    make_callback._scale_wrapped = True
     make_callback.__wrapped__ = original
     runner.make_callback = make_callback
 

@@ -47,16 +47,19 @@ def deep_size(obj, seen: set[int]) -> int:
 
 def trial_parts(trial) -> dict[str, int]:
     """Bytes of each part of one Tune ``Trial`` (see the module's docstring)."""
+    from haepo_ray.upstream.tune import trial_caches
+
     meta, seen = trial.run_metadata, set()
+    caches = trial_caches(trial)
     parts = {
         "config": trial.config,
-        "unresolved config": trial.__dict__.get("_Trial__unresolved_config"),
+        "unresolved config": caches["unresolved config"],
         "evaluated params": trial.evaluated_params,
         "metric_analysis": meta.metric_analysis,
         "metric_n_steps": meta.metric_n_steps,
         "last_result": meta.last_result,
-        "cached JSON: trial state": trial._state_json,
-        "cached JSON: run metadata": meta._cached_json,
+        "cached JSON: trial state": caches["cached JSON: trial state"],
+        "cached JSON: run metadata": caches["cached JSON: run metadata"],
     }
     out = {name: deep_size(part, seen) for name, part in parts.items()}
     out["rest of the Trial"] = deep_size(trial, seen)
@@ -92,7 +95,7 @@ def main() -> int:
     (callback,) = callbacks
     table["haepo MLflow callback (per trial)"] = deep_size(callback, set()) / len(trials)
     seen: set[int] = set()
-    parts = {**{f"_writer.{k}": v for k, v in vars(callback._writer).items()}, **vars(callback)}
+    parts = {**{f"writer.{k}": v for k, v in vars(callback.writer).items()}, **vars(callback)}
     largest = {k: deep_size(v, seen) / len(trials) for k, v in parts.items()}
     print("the callback's largest attributes, bytes per trial:",
           {k: round(v) for k, v in sorted(largest.items(), key=lambda kv: -kv[1])[:6]})

@@ -27,7 +27,9 @@ Where things go, decided on the head node:
 - results and checkpoints: ``--storage-path``, else the spec's ``storage_path``, else
   ``HAEPO_STORAGE_PATH`` of this shell, else ``HAEPO_STORAGE_PATH`` of the head node (the
   cluster's shared storage: NFS path or s3:// URI). A trial resumes on another node only when
-  every node reaches that path.
+  every node reaches that path;
+- the patch setting: this shell's ``HAEPO_PATCHES``, where set, is the job's (its driver's and
+  every actor's, through the job's runtime environment; ``--env`` overrides it).
 
 Authentication (Ray token authentication), first that is set: ``--auth-token-file``,
 ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``; sent as
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from haepo_ray.upstream.declared import PATCHES_SETTING
 from haepo_ray.uris import is_http_url, is_uri
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -290,6 +293,8 @@ def build_submission(args: SubmitOptions) -> Submission:
     cmd += ["sweep", spec_arg, "--address", "auto", "--quiet"]
 
     env_vars = {"PYTHONUNBUFFERED": "1"}
+    if PATCHES_SETTING in os.environ:  # the driver and the trials' actors check and apply patches under it
+        env_vars[PATCHES_SETTING] = os.environ[PATCHES_SETTING]
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         if _local_uri(uri):

@@ -10,6 +10,9 @@ its own, each trial reports the provenance of the process that trains it with it
 - Machine: CPU count and model, total memory, and the GPUs visible to the process (CUDA, as
   PyTorch sees them: a Ray worker sees only the GPUs Ray gave it).
 - Versions: Ray, RLlib (which ships inside Ray, so it is Ray's), PyTorch, MLflow, Python.
+- Patches: the process's ``HAEPO_PATCHES`` setting (:mod:`haepo_ray.upstream`), which decides
+  which patches of Ray run in it (a trial's actor on a cluster gets the driver's through the
+  job's runtime environment).
 
 A trial also tags the devices its parts used (:func:`device_tags`), beside the GPUs Ray gave
 its process: a GPU sweep can check that no trial ran on a device Ray did not give it.
@@ -118,6 +121,13 @@ def provenance() -> dict[str, str]:
     return dict(_provenance())
 
 
+def patches_setting() -> dict[str, str]:
+    """The ``HAEPO_PATCHES`` setting of this process, "all" when unset."""
+    from haepo_ray.upstream.declared import PATCHES_SETTING
+
+    return {names.CODE_PATCHES: os.environ.get(PATCHES_SETTING, "all")}
+
+
 @cache
 def _provenance() -> dict[str, str]:
-    return {**code_version(), **machine(), **library_versions()}
+    return {**code_version(), **machine(), **library_versions(), **patches_setting()}

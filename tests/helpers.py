@@ -80,15 +80,17 @@ def free_port() -> int:
 
 class MLflowServer:
     """A real ``mlflow server`` on 127.0.0.1, in its own process group, on the SQLite store
-    ``root/server.db`` or on ``backend`` (a database URI); :meth:`stop` and :meth:`start`
-    take it down and bring it back on its port and store (an outage)."""
+    ``root/server.db`` or on ``backend`` (a database URI), its routes under ``static_prefix``
+    (``--static-prefix``; the URI ends with it); :meth:`stop` and :meth:`start` take it down
+    and bring it back on its port and store (an outage)."""
 
-    def __init__(self, root: Path, backend: str | None = None, workers: int = 1):
+    def __init__(self, root: Path, backend: str | None = None, workers: int = 1, static_prefix: str = ""):
         self.root = root
         self.backend = backend or sqlite_store(root / "server.db")
         self.workers = workers
+        self.static_prefix = static_prefix
         self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
+        self.uri = f"http://127.0.0.1:{self.port}{static_prefix}"
         self.db = root / "server.db"
         self.log = open(root / "server.log", "w")
         self.start()
@@ -99,7 +101,8 @@ class MLflowServer:
         self.proc = subprocess.Popen(
             [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
              str(self.workers), "--backend-store-uri", self.backend,
-             "--artifacts-destination", str(self.root / "artifacts")],
+             "--artifacts-destination", str(self.root / "artifacts"),
+             *(["--static-prefix", self.static_prefix] if self.static_prefix else [])],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
             # No job execution: it starts a second process (huey consumer) that imports
             # MLflow alongside the server, tripling the start-up (20 s -> 60 s on 2 busy

@@ -88,7 +88,7 @@ def test_batches_hold_exactly_m_complete_episodes(ray_session, num_env_runners, 
     algo = config.build_algo()
     try:
         for _ in range(2):
-            episodes, _ = algo._sample_episodes(7)
+            episodes, _ = algo.sample_episodes(7)
             assert len(episodes) == 7
             assert all(e.is_done for e in episodes)
             assert all(e.is_terminated or len(e) == 12 for e in episodes)
@@ -149,10 +149,10 @@ def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session, p
     algo = config.build_algo()
     try:
         runner = algo.env_runner_group.local_env_runner
-        assert (runner._lean_path_blocker() is None) == (path == "lean")
+        assert (runner.lean_path_blocker() is None) == (path == "lean")
         lengths = []
         for _ in range(40):
-            episodes, metrics = algo._sample_episodes(6)
+            episodes, metrics = algo.sample_episodes(6)
             assert len(episodes) == 6
             assert metrics[0]["num_env_steps_sampled"] == sum(len(e) for e in episodes)
             lengths += [len(e) for e in episodes]
@@ -245,7 +245,7 @@ def test_rounds_of_the_first_batch_are_not_replayed(ray_session):
               .env_runners(num_env_runners=0, num_envs_per_env_runner=4).debugging(seed=0))
     algo = config.build_algo()
     try:
-        episodes, _ = algo._sample_episodes(8)
+        episodes, _ = algo.sample_episodes(8)
     finally:
         algo.stop()
     demands = [int(e.get_infos()[-1]["demand"]) for e in episodes]
@@ -314,8 +314,8 @@ def test_episodes_are_not_replayed_across_iterations(ray_session):
     config = HAEPOConfig().environment(BANDIT, env_config={"num_arms": 5}).debugging(seed=3)
     algo = config.build_algo()
     try:
-        first, _ = algo._sample_episodes(8)
-        second, _ = algo._sample_episodes(8)
+        first, _ = algo.sample_episodes(8)
+        second, _ = algo.sample_episodes(8)
         rewards = lambda eps: [float(e.get_rewards()[0]) for e in eps]  # noqa: E731
         assert rewards(first) != rewards(second)
     finally:

@@ -67,7 +67,7 @@ def test_uint8_observations_score_alike_in_sampler_and_learner(ray_session):
     )
     algo = config.build_algo()
     try:
-        assert algo.env_runner_group.local_env_runner._lean_path_blocker() is None
+        assert algo.env_runner_group.local_env_runner.lean_path_blocker() is None
         results = [algo.train() for _ in range(2)]
     finally:
         algo.stop()
@@ -154,7 +154,7 @@ def test_lean_sampling_on_a_gpu_env_runner_with_a_fractional_gpu_learner(ray_ses
     algo = config.build_algo()
     try:
         runner_state = algo.env_runner_group.foreach_env_runner(
-            lambda runner: (str(next(runner.module.parameters()).device), runner._lean_path_blocker()),
+            lambda runner: (str(next(runner.module.parameters()).device), runner.lean_path_blocker()),
             local_env_runner=False,
         )
         assert runner_state == [("cuda:0", None)]

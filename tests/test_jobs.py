@@ -114,9 +114,12 @@ def test_submission_packages_the_spec_and_routes_tracking_and_storage(tmp_path, 
     finally:
         shutil.rmtree(sub.working_dir)
 
-    # Nothing given here: the head decides (its MLFLOW_TRACKING_URI / HAEPO_STORAGE_PATH).
+    # Nothing given here: the head decides (its MLFLOW_TRACKING_URI / HAEPO_STORAGE_PATH);
+    # this shell's patch setting is the job's, its driver's and its actors'.
+    monkeypatch.setenv("HAEPO_PATCHES", "required,untested")
     sub = jobs.build_submission(_submit_args(spec, "--py-modules"))
     shutil.rmtree(sub.working_dir)
+    assert sub.runtime_env["env_vars"]["HAEPO_PATCHES"] == "required,untested"
     assert sub.entrypoint.startswith("python -m haepo_ray.cli sweep s.yaml --address auto")
     assert sub.entrypoint.endswith(' ${HAEPO_STORAGE_PATH:+--storage-path "$HAEPO_STORAGE_PATH"}')
     assert "MLFLOW_TRACKING_URI" not in sub.runtime_env["env_vars"]

@@ -143,13 +143,15 @@ def test_submit_runs_a_sweep_on_both_workers(cluster, tmp_path):
     """`haepo submit --follow` runs a 2-trial sweep as a Ray Job; the trials land on both
     workers (never on the CPU-0 head); MLflow on the real server holds one parent and exactly
     one FINISHED child per trial, tagged with its node. Two trials suffice: both start at
-    once and each worker has room for one; every further trial is ~6 s more on 2 cores."""
+    once and each worker has room for one; every further trial is ~6 s more on 2 cores.
+    The submitting shell's HAEPO_PATCHES reaches the trials' actors on the workers (their runs'
+    provenance tags it)."""
     spec = write_spec(tmp_path / "multi.yaml", "multinode", iterations=6, lrs=(0.05,))
     start = time.monotonic()
     out = subprocess.run(
         haepo_cmd("submit", str(spec), "--address", cluster.dashboard, "--follow",
                   "--tracking-uri", cluster.mlflow, "--storage-path", cluster.storage),
-        env=cluster.env(), capture_output=True, text=True, timeout=500)
+        env=cluster.env(HAEPO_PATCHES="required"), capture_output=True, text=True, timeout=500)
     seconds = time.monotonic() - start
     print(f"haepo submit --follow: {seconds:.1f} s (cluster start {cluster.start_seconds:.1f} s)")
     assert out.returncode == 0, f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
@@ -170,6 +172,7 @@ def test_submit_runs_a_sweep_on_both_workers(cluster, tmp_path):
         assert tagged == {node_ids[ip] for ip in WORKER_IPS.values()}
     for c in children:
         assert int(c.data.metrics["training_iteration"]) == 6
+    assert {r.data.tags.get("haepo.code.patches") for r in [parent, *children]} == {"required"}
 
     listing = subprocess.run(haepo_cmd("jobs", "--address", cluster.dashboard), env=cluster.env(),
                              capture_output=True, text=True, timeout=120)

@@ -1,6 +1,6 @@
 """The report's batched metric readers (:mod:`haepo_ray.report.histories`) give exactly the
 curves of one ``get_metric_history`` per run and metric, on a real SQLite store and on a real
-``mlflow server`` backed by it.
+``mlflow server`` backed by it (run with ``--static-prefix``).
 
 The store: 100 small trials and a few special ones: a step logged twice (later timestamp; same
 timestamp), a NaN, metrics with different step counts, a run with no metrics, a language-model
@@ -81,7 +81,9 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(store):
-    live = MLflowServer(store[0])
+    """The store's server, its API under a static prefix (``--static-prefix /p``: the bulk
+    endpoint under ``/p`` too)."""
+    live = MLflowServer(store[0], static_prefix="/p")
     try:
         yield live
     finally:

@@ -150,7 +150,7 @@ def test_the_runner_uses_a_vector_entry_point_where_the_env_offers_one(ray_sessi
     runner = _runner(env)
     try:
         assert type(runner.env.unwrapped).__name__ == expected
-        assert runner._lean_path_blocker() is None
+        assert runner.lean_path_blocker() is None
         episodes = runner.sample(num_episodes=6)
         assert len(episodes) == 6 and all(e.is_done for e in episodes)
     finally:
@@ -168,7 +168,7 @@ def test_rllibs_loop_keeps_sync_envs_in_rounds(ray_session):
     runner = _runner("CartPole-v1", PerStep)
     try:
         assert isinstance(runner.env.unwrapped, gym.vector.SyncVectorEnv)
-        assert runner._lean_path_blocker() == "callbacks with per-step hooks"
+        assert runner.lean_path_blocker() == "callbacks with per-step hooks"
         assert len(rounds.round_wrappers(runner.env.unwrapped)) == 4
     finally:
         runner.stop()

@@ -49,6 +49,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from haepo_ray.sweep.kinds import load_plan
     from haepo_ray.sweep.runner import SweepError, run_sweep
     from haepo_ray.sweep.spec import SpecError
+    from haepo_ray.upstream import PatchSettingError, UpstreamVersionError
 
     configure_logging()
     try:
@@ -59,7 +60,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             dry_run(plan, experiment=args.experiment, storage_path=args.storage_path,
                     tracking_uri=args.tracking_uri, address=args.address)
-        except SpecError as err:
+        except (SpecError, UpstreamVersionError, PatchSettingError) as err:
             raise UsageError(str(err)) from None
         return 0
     try:
@@ -74,6 +75,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             verbose=0 if args.quiet else 1,
             spec_text=Path(args.spec).read_text(),
         )
-    except (SweepError, SpecError) as err:
+    except (SweepError, SpecError, UpstreamVersionError, PatchSettingError) as err:
         raise UsageError(str(err)) from None
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0

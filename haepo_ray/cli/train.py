@@ -107,6 +107,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     stop = stop_spec(args)
     config = train_config(args.algo, args.env, args.seed, parse_overrides(args.set or []))
     name = f"{args.algo}-{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from haepo_ray import upstream
+
+    try:  # HAEPO's env runner's overrides, before Ray starts (their warning is logged where they apply)
+        upstream.check(("rllib",))
+    except (upstream.UpstreamVersionError, upstream.PatchSettingError) as err:
+        raise UsageError(str(err)) from None
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)

@@ -53,11 +53,11 @@ class GaussianBanditEnv(gym.Env):
             self.num_arms = check_int(name, "num_arms", 10 if num_arms is None else num_arms, 2)
             if means_seed is not None:
                 rng, _ = seeding.np_random(check_int(name, "means_seed", means_seed, 0))
-                self.arm_means = self._draw_means(rng)
+                self.arm_means = self.draw_means(rng)
         self.action_space = gym.spaces.Discrete(self.num_arms)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
 
-    def _draw_means(self, rng: np.random.Generator) -> np.ndarray:
+    def draw_means(self, rng: np.random.Generator) -> np.ndarray:
         return rng.uniform(0.0, 1.0, self.num_arms)
 
     @property
@@ -70,7 +70,7 @@ class GaussianBanditEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if self.arm_means is None:
-            self.arm_means = self._draw_means(self.np_random)
+            self.arm_means = self.draw_means(self.np_random)
         return np.zeros(1, np.float32), {}
 
     def step(self, action):
@@ -101,7 +101,7 @@ class GaussianBanditVectorEnv(NumpyVectorEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if self.arm_means is None:
-            self.arm_means = np.stack([self.single._draw_means(self.np_random) for _ in range(self.num_envs)])
+            self.arm_means = np.stack([self.single.draw_means(self.np_random) for _ in range(self.num_envs)])
         self._resetting[:] = False
         return self._zeros(), {}
 

@@ -4,14 +4,17 @@
 
 - a SQL store (``sqlite:///``, ``postgresql://``, ``mysql://``, ``mssql://``): its ``metrics``
   table, :data:`SQL_RUNS` runs per query, through the client's own SQLAlchemy store;
-- an ``mlflow server`` (``http(s)://``): its bulk endpoint (:data:`BULK_ENDPOINT`), one metric
-  of up to :data:`HTTP_RUNS` runs per request; a response holds at most
+- an ``mlflow server`` (``http(s)://``, with the server's ``--static-prefix`` where it has one):
+  its bulk endpoint (:data:`~haepo_ray.upstream.mlflow.BULK_ENDPOINT`), one metric of up to
+  :data:`HTTP_RUNS` runs per request; a response holds at most
   :data:`HTTP_VALUES` values of all its runs together and says nothing when it was cut off,
   so a full one is taken as cut off and its last run asked again;
 - any other store (a file store, Databricks): ``get_metric_history`` per run and metric.
 
 Each orders a run's values as ``MlflowClient.get_metric_history`` does (timestamp, step,
-value), so that a step logged twice keeps its last value in every reader.
+value), so that a step logged twice keeps its last value in every reader. MLflow has no public
+batched reader: the first two read as MLflow's stores and UI do, through
+:mod:`haepo_ray.upstream.mlflow`.
 """
 
 from __future__ import annotations
@@ -27,9 +30,8 @@ History = dict[int, float]  # step -> value
 Histories = dict[str, dict[str, History]]  # run id -> metric key -> its history
 
 SQL_RUNS = 500
-# mlflow.server.handlers.get_metric_history_bulk_handler: at most 100 run ids per request and
-# 25,000 values per response (its max_results caps the values of all the runs, not of each).
-BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
+# The bulk endpoint's caps (haepo_ray.upstream.mlflow.BULK_ENDPOINT): run ids per request, values
+# per response.
 HTTP_RUNS = 100
 HTTP_VALUES = 25_000
 
@@ -37,12 +39,9 @@ HTTP_VALUES = 25_000
 def read_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     """The histories of ``wanted`` (run id -> metric keys) from ``client``'s store; a run or key
     without values may be missing."""
-    from mlflow.store.db.db_types import DATABASE_ENGINES
-
-    scheme = urlparse(client.tracking_uri).scheme
-    if scheme.split("+", 1)[0] in DATABASE_ENGINES:
+    if mlflow_internals.is_sql_store(client.tracking_uri):
         return sql_histories(client, wanted)
-    if scheme in ("http", "https"):
+    if urlparse(client.tracking_uri).scheme in ("http", "https"):
         return http_histories(client, wanted)
     return per_run_histories(client, wanted)
 
@@ -61,22 +60,14 @@ def per_run_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
 
 def sql_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     """One query of the ``metrics`` table per :data:`SQL_RUNS` runs."""
-    from mlflow.store.tracking.dbmodels.models import SqlMetric
-
-    store, out = mlflow_internals.store(client), defaultdict(dict)
+    out = defaultdict(dict)
     run_ids = list(wanted)
     for start in range(0, len(run_ids), SQL_RUNS):
         chunk = run_ids[start:start + SQL_RUNS]
         keys = sorted({key for run_id in chunk for key in wanted[run_id]})
         if not keys:
             continue
-        with store.ManagedSessionMaker() as session:
-            rows = (session.query(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.step, SqlMetric.value,
-                                  SqlMetric.is_nan)
-                    .filter(SqlMetric.run_uuid.in_(chunk), SqlMetric.key.in_(keys))
-                    .order_by(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.timestamp, SqlMetric.step,
-                              SqlMetric.value)
-                    .all())
+        rows = mlflow_internals.sql_metric_rows(client, chunk, keys)
         for run_id, key, step, value, is_nan in rows:
             out[run_id].setdefault(key, {})[step] = math.nan if is_nan else value
     return dict(out)
@@ -85,7 +76,7 @@ def sql_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
 def http_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     """Per metric key, one bulk request per :data:`HTTP_RUNS` runs that logged it; a run whose
     values of one key alone fill a response is read with ``get_metric_history``."""
-    creds, out = mlflow_internals.store(client).get_host_creds(), defaultdict(dict)
+    out = defaultdict(dict)
     runs_of: dict[str, list[str]] = defaultdict(list)
     for run_id, keys in wanted.items():
         for key in keys:
@@ -93,7 +84,7 @@ def http_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     for key, pending in runs_of.items():
         while pending:
             chunk = pending[:HTTP_RUNS]
-            rows = _bulk(creds, chunk, key)
+            rows = mlflow_internals.bulk_history(client, chunk, key, HTTP_VALUES)
             complete = _complete(chunk, rows)
             for row in rows:
                 if row["run_id"] in complete:
@@ -112,13 +103,3 @@ def _complete(chunk: list[str], rows: list[dict]) -> set[str]:
     if len(rows) < HTTP_VALUES:
         return set(chunk)
     return {row["run_id"] for row in rows} - {rows[-1]["run_id"]}
-
-
-def _bulk(creds, run_ids: list[str], key: str) -> list[dict]:
-    """The values of ``key`` of ``run_ids`` (ordered by run, timestamp, step, value), as the
-    bulk endpoint gives them: at most :data:`HTTP_VALUES` of them, the first ones."""
-    from mlflow.utils.rest_utils import http_request, verify_rest_response
-
-    response = http_request(creds, BULK_ENDPOINT, "GET",
-                            params={"run_id": run_ids, "metric_key": key, "max_results": HTTP_VALUES})
-    return verify_rest_response(response, BULK_ENDPOINT).json().get("metrics", [])

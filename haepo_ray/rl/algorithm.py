@@ -225,7 +225,7 @@ class HAEPO(Algorithm):
 
     def training_step(self) -> None:
         with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
-            episodes, env_runner_metrics = self._sample_episodes(self.config.episodes_per_batch)
+            episodes, env_runner_metrics = self.sample_episodes(self.config.episodes_per_batch)
         self.metrics.aggregate(env_runner_metrics, key=ENV_RUNNER_RESULTS)
 
         timesteps = {
@@ -258,7 +258,7 @@ class HAEPO(Algorithm):
             {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: state[WEIGHTS_SEQ_NO]}
         )
 
-    def _sample_episodes(self, num_episodes: int) -> tuple[list, list[dict]]:
+    def sample_episodes(self, num_episodes: int) -> tuple[list, list[dict]]:
         """Exactly ``num_episodes`` complete episodes, spread over the healthy env runners."""
         group = self.env_runner_group
         episodes: list = []

@@ -85,7 +85,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
 
     def sample_loop(self, *, num_episodes: int | None = None, explore: bool,
                     random_actions: bool = False, **kwargs: Any):
-        if num_episodes is None or random_actions or self._lean_path_blocker() is not None:
+        if num_episodes is None or random_actions or self.lean_path_blocker() is not None:
             episodes = super().sample_loop(num_episodes=num_episodes, explore=explore,
                                            random_actions=random_actions, **kwargs)
         else:
@@ -93,7 +93,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
         rllib_internals.set_seeds(self, None)  # seeded once; later resets continue the streams
         return episodes
 
-    def _lean_path_blocker(self) -> str | None:
+    def lean_path_blocker(self) -> str | None:
         """Why this runner must sample through RLlib's loop, or None if the lean path fits."""
         return (lean.config_blocker(self.config, rllib_internals.callback_objects(self))
                 or lean.env_blocker(self.env.unwrapped, self.module))

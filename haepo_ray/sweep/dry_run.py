@@ -18,10 +18,13 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
             storage_path: str | None = None, tracking_uri: str | None = None,
             address: str | None = None) -> list[PlannedTrial] | None:
     """Prints the resolved sweep (every trial with its values and resources); starts nothing.
-    Every planned trial's config is validated; a bad one raises SpecError naming it.
+    Every planned trial's config is validated; a bad one raises SpecError naming it. The
+    sweep's patches are checked as a run checks them (:func:`haepo_ray.upstream.check`).
     ``out``: ``sys.stdout`` at the time of the call by default."""
+    from haepo_ray import upstream
     from haepo_ray.tracking import resolve_tracking_uri
 
+    untested = upstream.check(plan.patched)
     spec = plan.spec
     trials = planned_trials(plan)
     for t in trials or []:  # before anything builds a trial's config (resources do)
@@ -50,6 +53,8 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
       f"{experiment or spec.experiment!r})")
     if plan.fit_summary:
         p(f"  {plan.fit_summary}")
+    for line in untested:
+        p(f"  {line}")
     if trials is None:
         p(f"  {spec.search.num_samples} trials suggested by Optuna TPE from:")
         for name, dim in spec.search_space.items():

@@ -34,6 +34,9 @@ class Plan(ABC):
     progress_metrics: ClassVar[dict[str, str]]  # the live trial table's result columns: key -> header
     tune_checkpoints: ClassVar[bool]  # Tune checkpoints the trials (else the trial itself does)
     root_files: ClassVar[tuple[str, ...]] = ()  # final-checkpoint files MLflow also gets at a run's root
+    # The fence's modules (haepo_ray.upstream) whose patches and overrides the sweep applies:
+    # checked before it starts (haepo_ray.upstream.check).
+    patched: ClassVar[tuple[str, ...]] = ("tune",)
 
     @classmethod
     @abstractmethod

@@ -21,6 +21,7 @@ from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SweepSpec
+from haepo_ray import upstream
 from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.uris import is_uri
 
@@ -36,7 +37,8 @@ class SweepError(RuntimeError):
 
 def init_ray(spec: SweepSpec, address: str | None) -> bool:
     """Connects to ``address``, or starts an embedded local Ray. True if we started/joined it
-    here (and so shut it down at the end); False if Ray was already initialised."""
+    here (and so shut it down at the end); False if Ray was already initialised. On a cluster the
+    trials' actors get this process's patch setting (:func:`actor_env_vars`)."""
     import ray
 
     if ray.is_initialized():
@@ -47,11 +49,26 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
             "which logs to MLflow, must run inside the cluster); submit it as a job instead: "
             "ray job submit --address http://HEAD:8265 -- haepo sweep SPEC --address auto")
     if address:
-        ray.init(address=address, log_to_driver=False)
+        env_vars = actor_env_vars()
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env_vars} if env_vars else None)
     else:
         ray.init(address="local", num_cpus=spec.ray.num_cpus, num_gpus=spec.ray.num_gpus,
                  include_dashboard=False, log_to_driver=False)
     return True
+
+
+def actor_env_vars() -> dict[str, str]:
+    """The variables a cluster's actors need from this process's environment: the patch setting
+    (``HAEPO_PATCHES``; the connectors patch and the env runners' overrides are checked and
+    applied inside the trials' actors), where it is set here and a submitted job's runtime
+    environment does not already set it (Ray refuses a variable set by both; ``haepo submit``
+    sets it there)."""
+    from haepo_ray.upstream.core import job_env_vars
+
+    value = os.environ.get(upstream.PATCHES_SETTING)
+    if value is None or upstream.PATCHES_SETTING in job_env_vars():
+        return {}
+    return {upstream.PATCHES_SETTING: value}
 
 
 # --------------------------------------------------------------------------- tracking
@@ -59,10 +76,11 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
 
 def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name: str,
                   sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
-                  **retry):
-    """The sweep's MLflow callback: one parent run, one child per trial; ``retry``:
-    ``retries``, ``backoff_s``, ``timeout_s``, ``close_timeout_s``
-    (:class:`haepo_ray.tracking.RetryPolicy`)."""
+                  untested: list[str] | None = None, **retry):
+    """The sweep's MLflow callback: one parent run, one child per trial; ``untested``: the
+    warnings of patches run on an untested library version (:func:`haepo_ray.upstream.check`),
+    a tag of the parent run; ``retry``: ``retries``, ``backoff_s``, ``timeout_s``,
+    ``close_timeout_s`` (:class:`haepo_ray.tracking.RetryPolicy`)."""
     from haepo_ray import names, tracking
     from haepo_ray.provenance import provenance
 
@@ -98,6 +116,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
             **subject_tags,
             names.SPEC: spec.source or "",
             names.RAY_ADDRESS: address or "embedded",
+            **({names.UNTESTED_UPSTREAM: " ".join(untested)} if untested else {}),
         },
         spec_yaml=spec.resolved_yaml(),
         spec_source=spec_text,
@@ -188,7 +207,10 @@ def run_sweep(
     callback_kwargs: dict[str, Any] | None = None,
     extra_callbacks: list | None = None,
 ) -> results.SweepResult:
-    """Runs (or with ``resume`` continues) the sweep; returns its summary.
+    """Runs (or with ``resume`` continues) the sweep; returns its summary. The patches the
+    sweep applies are checked first, before anything is started or written
+    (:func:`haepo_ray.upstream.check`: :class:`~haepo_ray.upstream.UpstreamVersionError` on an
+    untested version it may not run on).
 
     ``out``: where its lines go (``sys.stdout`` at the time of the call, by default);
     ``callback_kwargs`` set the MLflow callback's :class:`haepo_ray.tracking.RetryPolicy`
@@ -205,6 +227,9 @@ def run_sweep(
     out = out or sys.stdout
     p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
 
+    untested = upstream.check(plan.patched)
+    for line in untested:
+        p(line)
     started_ray = init_ray(spec, address)
     callback = None
     try:
@@ -225,7 +250,7 @@ def run_sweep(
             callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
                                      sweep_name=f"{experiment}-{name}", sweep_dir=run_dir,
                                      resume=resume, spec_text=spec_text, address=address,
-                                     **(callback_kwargs or {}))
+                                     untested=untested, **(callback_kwargs or {}))
             if callback.start():
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()

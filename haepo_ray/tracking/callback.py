@@ -172,6 +172,11 @@ class MLflowSweepCallback(Callback):
         """What could not be written to MLflow, so far."""
         return self._calls.not_logged
 
+    @property
+    def writer(self) -> MLflowWriter:
+        """The thread that writes to MLflow (benchmarks weigh and profile it)."""
+        return self._writer
+
     def backlog(self) -> int:
         """Messages queued for MLflow and not written yet (those waiting while it cannot be
         reached among them)."""

@@ -98,7 +98,7 @@ class MLflowWriter:
         ``earlier_runs`` are the child runs an earlier session of the sweep made (trial id ->
         run id)."""
         self.runs.open(experiment_id, parent_run_id, earlier_runs)
-        self._thread = threading.Thread(target=self._run, name="haepo-mlflow", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="haepo-mlflow", daemon=True)
         self._thread.start()
 
     @property
@@ -157,7 +157,8 @@ class MLflowWriter:
 
     # ------------------------------------------------------------------ the thread
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The thread's loop (:meth:`start` runs it): takes what is put and writes it, until stopped."""
         probe_s = 0.0
         try:
             while True:

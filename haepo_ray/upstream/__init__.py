@@ -1,6 +1,7 @@
 """The fence: every private name of an upstream library that haepo-ray reads, writes, overrides or
 patches lives in this package, one module per library, each name with its reason:
 
+- :mod:`~haepo_ray.upstream.core`: Ray core (a submitted job's runtime environment);
 - :mod:`~haepo_ray.upstream.tune`: Ray Tune (and the Ray Train storage under it);
 - :mod:`~haepo_ray.upstream.rllib`: RLlib;
 - :mod:`~haepo_ray.upstream.mlflow`: MLflow;
@@ -10,10 +11,13 @@ patches lives in this package, one module per library, each name with its reason
 
 Each module lists what it uses in ``INTERNALS`` (:class:`~haepo_ray.upstream.declared.Internal`:
 a test checks each still exists with the signature expected, so an upgrade fails there before
-any sweep runs), and the Ray modules list their ``PATCHES``
-(:class:`~haepo_ray.upstream.declared.Patch`: each checked against the versions it was tested
-for when applied; ``HAEPO_PATCHES=required`` leaves out the optional ones). A test fails on a
-private upstream name anywhere else in the package (``tests/test_upstream_fence.py``).
+any sweep runs), the Ray modules list their ``PATCHES`` and the torch and TRL modules their
+``OVERRIDES`` (:class:`~haepo_ray.upstream.declared.Patch`: each with the versions it was tested
+for and the internals it relies on, checked where it is applied; a sweep checks its own before it
+writes anything, :func:`check`). ``HAEPO_PATCHES=required`` leaves out the optional patches, and
+``HAEPO_PATCHES=untested`` runs them on an untested version whose internals they rely on are
+unchanged. A test fails on a private upstream name anywhere else in the package or in ``bench/``
+(``tests/test_upstream_fence.py``).
 
 Importing this package imports no upstream library; :func:`internals` imports them all.
 """
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from haepo_ray.upstream.declared import PATCHES_SETTING, Internal, Patch, UpstreamVersionError
+from haepo_ray.upstream.declared import (PATCHES_SETTING, UNTESTED, Internal, Patch, PatchSettingError,
+                                         UpstreamVersionError, check_patches)
 
-__all__ = ["LIBRARIES", "PATCHES_SETTING", "Internal", "Patch", "UpstreamVersionError", "internals", "patches"]
+__all__ = ["LIBRARIES", "PATCHES_SETTING", "UNTESTED", "Internal", "Patch", "PatchSettingError",
+           "UpstreamVersionError", "check", "internals", "patches"]
 
-LIBRARIES = ("tune", "rllib", "mlflow", "torch", "transformers", "trl")
+LIBRARIES = ("core", "tune", "rllib", "mlflow", "torch", "transformers", "trl")
 
 
 def internals() -> list[Internal]:
@@ -34,6 +40,15 @@ def internals() -> list[Internal]:
     return [i for lib in LIBRARIES for i in import_module(f"haepo_ray.upstream.{lib}").INTERNALS]
 
 
-def patches() -> list[Patch]:
-    """Every patch the fence can install."""
-    return [p for lib in LIBRARIES for p in getattr(import_module(f"haepo_ray.upstream.{lib}"), "PATCHES", ())]
+def patches(libraries: tuple[str, ...] = LIBRARIES) -> list[Patch]:
+    """Every patch and override of the fence's modules ``libraries`` (all, by default)."""
+    modules = [import_module(f"haepo_ray.upstream.{lib}") for lib in libraries]
+    return [p for m in modules for p in (*getattr(m, "PATCHES", ()), *getattr(m, "OVERRIDES", ()))]
+
+
+def check(libraries: tuple[str, ...], versions: dict[str, str] | None = None) -> list[str]:
+    """Checks the patches and overrides of the fence's modules ``libraries`` that the setting
+    keeps (``versions``: library -> version, in place of the installed ones); returns the
+    warnings of those that run untested; raises :class:`UpstreamVersionError` (one paragraph)
+    or :class:`PatchSettingError`."""
+    return check_patches(patches(libraries), versions)

@@ -1,9 +1,23 @@
 """Every private name of MLflow that haepo-ray uses, each in one place with its reason.
 
-MLflow 3.17's ``MlflowClient`` has no public accessor for its tracking store, which the report
-reads in bulk (:mod:`haepo_ray.report.histories`), and its public ``set_terminated`` first
-fetches the whole run to print a "View run" link: a request per trial that a sweep of
-thousands of trials pays for nothing. An MLflow upgrade is checked against :data:`INTERNALS`.
+MLflow 3.17's ``MlflowClient`` has no public accessor for its tracking store, and its public
+``set_terminated`` first fetches the whole run to print a "View run" link: a request per trial
+that a sweep of thousands of trials pays for nothing.
+
+MLflow has no public way to read the metric histories of many runs at once, which the report
+needs (:mod:`haepo_ray.report.histories`: a request per run and metric took minutes at a few
+thousand trials), so it reads them as MLflow's own stores and UI do:
+
+- a SQL store: the ``metrics`` table (``SqlMetric``, MLflow's table model) through the store's
+  sessions (``SqlAlchemyStore.ManagedSessionMaker``) (:func:`sql_metric_rows`); which tracking
+  URIs are SQL stores: ``mlflow.store.db.db_types.DATABASE_ENGINES`` (:func:`is_sql_store`);
+- an ``mlflow server``: the bulk endpoint its UI reads (``get_metric_history_bulk_handler``,
+  :data:`BULK_ENDPOINT`), with the client's credentials (``RestStore.get_host_creds``) and
+  MLflow's request helpers (``mlflow.utils.rest_utils``) (:func:`bulk_history`). A server run
+  with ``--static-prefix /p`` serves it, as its REST API, under ``/p``: the tracking URI then
+  ends with ``/p``, and the endpoint is asked under the URI's path.
+
+An MLflow upgrade is checked against :data:`INTERNALS`.
 """
 
 from __future__ import annotations
@@ -27,7 +41,59 @@ def set_terminated(client, run_id: str, status: str) -> None:
                                   end_time=int(time.time() * 1000), run_name=None)
 
 
+# mlflow.server.handlers.get_metric_history_bulk_handler's route (the UI's), below the server's
+# static prefix: at most 100 run ids per request and 25,000 values per response (its max_results
+# caps the values of all the runs, not of each).
+BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
+
+
+def is_sql_store(tracking_uri: str) -> bool:
+    """Whether ``tracking_uri`` names a SQL store (``sqlite:///``, ``postgresql://``, ...)."""
+    from urllib.parse import urlparse
+
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    return urlparse(tracking_uri).scheme.split("+", 1)[0] in DATABASE_ENGINES
+
+
+def sql_metric_rows(client, run_ids: list[str], keys: list[str]) -> list[tuple]:
+    """``(run id, key, step, value, is_nan)`` of every value of ``keys`` that ``run_ids`` logged
+    in ``client``'s SQL store, ordered by run and key and as ``get_metric_history`` orders a
+    run's values (timestamp, step, value)."""
+    from mlflow.store.tracking.dbmodels.models import SqlMetric
+
+    with store(client).ManagedSessionMaker() as session:
+        return (session.query(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.step, SqlMetric.value, SqlMetric.is_nan)
+                .filter(SqlMetric.run_uuid.in_(run_ids), SqlMetric.key.in_(keys))
+                .order_by(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.timestamp, SqlMetric.step, SqlMetric.value)
+                .all())
+
+
+def bulk_history(client, run_ids: list[str], key: str, max_results: int) -> list[dict]:
+    """The values of ``key`` of ``run_ids`` from ``client``'s ``mlflow server`` (its
+    :data:`BULK_ENDPOINT`, under the tracking URI's path: a ``--static-prefix``), ordered by
+    run, timestamp, step, value: at most ``max_results`` of them, the first ones."""
+    from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+    response = http_request(store(client).get_host_creds(), BULK_ENDPOINT, "GET",
+                            params={"run_id": run_ids, "metric_key": key, "max_results": max_results})
+    return verify_rest_response(response, BULK_ENDPOINT).json().get("metrics", [])
+
+
 INTERNALS = (
     Internal("mlflow.tracking.client:MlflowClient", "_tracking_client", "read: the tracking store", kind="instance"),
     Internal("mlflow.tracking._tracking_service.client:TrackingServiceClient", "store", "read: the tracking store"),
+    Internal("mlflow.store.db.db_types", "DATABASE_ENGINES", "read: which URIs are SQL stores"),
+    Internal("mlflow.store.tracking.dbmodels.models", "SqlMetric", "queried: the metrics table"),
+    Internal("mlflow.store.tracking.sqlalchemy_store:SqlAlchemyStore", "ManagedSessionMaker",
+             "called: a session of the store", kind="instance"),
+    Internal("mlflow.store.tracking.rest_store:RestStore", "get_host_creds", "read: the server's credentials",
+             kind="instance"),
+    Internal("mlflow.utils.rest_utils", "http_request", "called: a request to the bulk endpoint",
+             ("host_creds", "endpoint", "method", "max_retries", "backoff_factor", "backoff_jitter", "extra_headers",
+              "retry_codes", "timeout", "raise_on_status", "respect_retry_after_header", "retry_timeout_seconds",
+              "kwargs")),
+    Internal("mlflow.utils.rest_utils", "verify_rest_response", "called: its response checked",
+             ("response", "endpoint", "expected_status")),
+    Internal("mlflow.server.handlers", "get_metric_history_bulk_handler", "asked: its route (BULK_ENDPOINT)", ()),
 )

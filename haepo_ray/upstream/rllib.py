@@ -11,6 +11,9 @@ public names:
 - ``SingleAgentEnvRunner._increase_sampled_metrics``: the round sampler subtracts the
   steps of parked envs, which RLlib's loop counts as env steps.
 
+Each runner built checks these overrides (:data:`SAMPLING_HOOKS`) against the Ray versions they
+were tested with, as a sweep checks its patches, also when HAEPO is built as a library.
+
 Configs, learners, algorithms. ``AlgorithmConfig._value_error`` raises a validation error
 the way RLlib's own checks do (``experimental(_validate_config=False)`` turns them into
 warnings); ``AlgorithmConfig._model_config`` is the model config set so far, behind a
@@ -37,11 +40,12 @@ from __future__ import annotations
 import inspect
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-from haepo_ray.upstream.declared import Internal, Patch
+from haepo_ray.upstream.declared import Internal, Patch, pick
 
 TESTED = ("2.60.0",)  # the Ray versions the patches were written and tested for
 
@@ -109,7 +113,12 @@ def set_episode_times(episode, start: float, end: float) -> None:
 class SamplingHooks(SingleAgentEnvRunner):
     """``SingleAgentEnvRunner`` with its private override points under public names: a
     subclass overrides :meth:`sample_loop` (RLlib's ``_sample``) and :meth:`count_sampled`
-    (``_increase_sampled_metrics``), and calls ``super()``'s for RLlib's own."""
+    (``_increase_sampled_metrics``), and calls ``super()``'s for RLlib's own. Each runner built
+    checks the overrides against the Ray versions they were tested with (:data:`SAMPLING_HOOKS`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        SAMPLING_HOOKS.apply()
+        super().__init__(*args, **kwargs)
 
     def _sample(self, **kwargs: Any):
         return self.sample_loop(**kwargs)
@@ -163,6 +172,26 @@ def set_iteration(algorithm, iteration: int) -> None:
     algorithm._iteration = iteration
 
 
+def local_learner(group):
+    """``LearnerGroup._learner``: the learner of a group without remote learners
+    (``num_learners=0``), None otherwise; ``bench/cartpole_vs_ppo.py`` times its gradient steps."""
+    return getattr(group, "_learner", None)
+
+
+_ppo_sampling: dict[str, Callable] = {}
+
+
+def time_ppo_sampling(wrap: Callable[[Callable], Callable]) -> None:
+    """PPO's training step calls ``wrap(synchronous_parallel_sample)`` in place of RLlib's
+    function (a name its module imports, which no PPO config can swap); ``bench/cartpole_vs_ppo.py``
+    times PPO's sampling so. A second call wraps RLlib's own function again, not the last wrapper."""
+    from ray.rllib.algorithms.ppo import ppo
+
+    PPO_SAMPLING_TIMED.apply()
+    original = _ppo_sampling.setdefault("original", ppo.synchronous_parallel_sample)
+    ppo.synchronous_parallel_sample = wrap(original)
+
+
 def caller_frames(context: int = 1) -> list[inspect.FrameInfo]:
     """``inspect.stack()`` without reading source files: the same frames, from the caller
     outward, each with ``co_filename`` as its file and no code context (``context`` is
@@ -192,9 +221,6 @@ def _build_connectors_without_source() -> None:
         connector_v2.inspect = InspectWithoutSource("inspect")
 
 
-CONNECTORS_WITHOUT_SOURCE = Patch("connectors built without reading source files", "ray", TESTED,
-                                  key="connectors", install=_build_connectors_without_source)
-PATCHES = (CONNECTORS_WITHOUT_SOURCE,)
 
 _RUNNER = "ray.rllib.env.single_agent_env_runner:SingleAgentEnvRunner"
 _CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
@@ -228,4 +254,20 @@ INTERNALS = (
              ("self", "name", "components", "not_components")),
     Internal("ray.rllib.algorithms.algorithm:Algorithm", "_iteration", "written: the step counter", kind="instance"),
     Internal("ray.rllib.connectors.connector_v2", "inspect", "swapped: connectors built without source reads"),
+    Internal("ray.util.debug", "log_once", "called: RLlib's new-stack notice marked logged", ("key",)),
+    Internal("ray.rllib.core.learner.learner_group:LearnerGroup", "_learner", "read: the local learner (bench)",
+             kind="instance"),
+    Internal("ray.rllib.algorithms.ppo.ppo", "synchronous_parallel_sample", "swapped: PPO's sampling timed (bench)"),
 )
+
+CONNECTORS_WITHOUT_SOURCE = Patch("connectors built without reading source files", "ray", TESTED, "connectors",
+                                  _build_connectors_without_source, pick(INTERNALS, "connector_v2.inspect"))
+# An override, not a patch: HAEPO's env runner subclasses SamplingHooks (also when HAEPO is built as a library).
+SAMPLING_HOOKS = Patch("SamplingHooks: the env runner's sampling loop and counters overridden", "ray", TESTED,
+                       None, lambda: None,
+                       pick(INTERNALS, "SingleAgentEnvRunner._sample",
+                            "SingleAgentEnvRunner._increase_sampled_metrics"))
+PATCHES = (CONNECTORS_WITHOUT_SOURCE, SAMPLING_HOOKS)
+# Applied by bench/ only, so not among the patches a sweep checks first.
+PPO_SAMPLING_TIMED = Patch("PPO's sampling timed (bench/cartpole_vs_ppo.py)", "ray", TESTED, None, lambda: None,
+                           pick(INTERNALS, "ppo.synchronous_parallel_sample"))

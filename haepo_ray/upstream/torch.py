@@ -20,19 +20,30 @@ counts what each op allocates; the loss only asks whether a tensor is one of tho
 - ``torch.distributions.Distribution._validate_args``: torch's default for argument checks,
   a class attribute with a public setter and no getter; the RL sampler turns it off for a
   batch and restores it.
+
+Two overrides, each checked against the torch versions it was tested with where it is made
+(:data:`OVERRIDES`): the converter's memo (:func:`fake_mode`), and
+``torch.nn.functional.scaled_dot_product_attention`` swapped for the kernels CUDA picks while a
+simulation targets CUDA (:func:`attention_swapped`).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from haepo_ray.upstream.declared import Internal
+from haepo_ray.upstream.declared import Internal, Patch, pick
 
-__all__ = ["INTERNALS", "TorchDispatchMode", "default_validate_args", "efficient_attention", "fake_mode",
-           "flash_attention", "flop_key", "in_backward", "is_fake", "real_tensors", "tree_flatten"]
+__all__ = ["INTERNALS", "OVERRIDES", "TorchDispatchMode", "attention_swapped", "default_validate_args",
+           "efficient_attention", "fake_mode", "flash_attention", "flop_key", "in_backward", "is_fake", "real_tensors",
+           "tree_flatten"]
+
+TESTED = ("2.13.0",)  # the torch versions the overrides were written and tested for
 
 
 def is_fake(x: object) -> bool:
@@ -43,6 +54,7 @@ def is_fake(x: object) -> bool:
 def fake_mode() -> FakeTensorMode:
     """A ``FakeTensorMode`` whose converter keeps no weak reference to the tensors it makes (the
     module docstring says why); overridden on this instance only."""
+    MEMO_LEFT_OUT.apply()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode.fake_tensor_converter.set_tensor_memo = lambda tensor, fake: None
     return mode
@@ -76,6 +88,19 @@ def efficient_attention(query, key, value, attn_mask, grad: bool, dropout_p: flo
                                                                   is_causal, scale=scale)[0]
 
 
+@contextlib.contextmanager
+def attention_swapped(replacement: Callable) -> Iterator[None]:
+    """``torch.nn.functional.scaled_dot_product_attention`` is ``replacement`` within (the memory
+    simulator's CUDA kernels, :func:`flash_attention` and :func:`efficient_attention`)."""
+    ATTENTION_SWAPPED.apply()
+    original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = replacement
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
 def default_validate_args() -> bool:
     """``torch.distributions.Distribution._validate_args``: whether distributions check their
     arguments by default."""
@@ -98,3 +123,10 @@ INTERNALS = (
     Internal("torch:ops.aten", "_scaled_dot_product_efficient_attention", "CUDA's memory-efficient kernel"),
     Internal("torch.distributions.distribution:Distribution", "_validate_args", "torch's default argument checks"),
 )
+
+MEMO_LEFT_OUT = Patch("fake tensors converted without a memo", "torch", TESTED, None, lambda: None,
+                      pick(INTERNALS, "fake_tensor.FakeTensorMode", "FakeTensorConverter.set_tensor_memo"))
+ATTENTION_SWAPPED = Patch("scaled_dot_product_attention as CUDA runs it", "torch", TESTED, None, lambda: None,
+                          pick(INTERNALS, "aten._scaled_dot_product_flash_attention",
+                               "aten._scaled_dot_product_efficient_attention"))
+OVERRIDES = (MEMO_LEFT_OUT, ATTENTION_SWAPPED)

@@ -11,6 +11,9 @@ own GRPO step (:mod:`haepo_ray.llm.capacity.trl_grpo`):
 - ``torch.ops.aten._local_scalar_dense``: a tensor's value as a Python number (``.item()``,
   ``bool()``), which fake tensors have not; TRL's loss takes its logged metrics so
   (:class:`MetricValues`).
+
+The tile swap is checked against the TRL versions it was tested with where it is made
+(:data:`TILES_FOLDED_IN_PLACE`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from typing import Any
 
 import torch
 
-from haepo_ray.upstream.declared import Internal
+from haepo_ray.upstream.declared import Internal, Patch, pick
 from haepo_ray.upstream.torch import TorchDispatchMode
 
-__all__ = ["INTERNALS", "MetricValues", "per_token_logps", "triton_folds"]
+__all__ = ["INTERNALS", "OVERRIDES", "MetricValues", "per_token_logps", "triton_folds"]
+
+TESTED = ("1.16.0",)  # the TRL versions the tile swap was written and tested for
 
 
 def per_token_logps(trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -40,6 +45,7 @@ def triton_folds() -> Iterator[None]:
     place, with no tensor of their own (the torch folds make fp32 copies of each tile)."""
     from trl.kernels import chunked_logprob
 
+    TILES_FOLDED_IN_PLACE.apply()
     saved = chunked_logprob._forward_tile, chunked_logprob._backward_tile
     chunked_logprob._forward_tile = chunked_logprob._backward_tile = lambda *args, **kwargs: None
     try:
@@ -81,3 +87,7 @@ INTERNALS = (
               "BLOCK_SIZE")),
     Internal("torch:ops.aten", "_local_scalar_dense", "a tensor's value as a number"),
 )
+
+TILES_FOLDED_IN_PLACE = Patch("TRL's chunked log-prob tiles folded in place", "trl", TESTED, None, lambda: None,
+                              pick(INTERNALS, "chunked_logprob._forward_tile", "chunked_logprob._backward_tile"))
+OVERRIDES = (TILES_FOLDED_IN_PLACE,)

@@ -45,6 +45,8 @@ the folder and MLflow runs of the trials that had finished. Patched, the error r
 
 Read, not patched:
 
+- ``Trial.__unresolved_config``, ``Trial._state_json``, ``_TrainingRunMetadata._cached_json``
+  (:func:`trial_caches`): what ``bench/trial_memory.py`` weighs of a finished trial.
 - ``Tuner._local_tuner`` (:func:`set_restored_callbacks`): ``tuner.pkl`` holds the first run's
   callbacks (unstarted copies), and Ray 2.60 has no public way to give a restored ``Tuner``
   this run's.
@@ -70,7 +72,7 @@ import shutil
 
 from ray.tune import Callback
 
-from haepo_ray.upstream.declared import Internal, Patch
+from haepo_ray.upstream.declared import Internal, Patch, pick
 
 TESTED = ("2.60.0",)  # the Ray versions the patches were written and tested for
 
@@ -250,6 +252,15 @@ def release(trial) -> None:
         metadata.last_result = {**last, "config": trial.config}
 
 
+def trial_caches(trial) -> dict[str, object]:
+    """What a Tune ``Trial`` holds beside its state, as ``bench/trial_memory.py`` weighs it: its
+    unresolved config (``Trial.__unresolved_config``) and the cached JSON of its state
+    (``Trial._state_json``) and of its run metadata (``_TrainingRunMetadata._cached_json``)."""
+    return {"unresolved config": vars(trial).get("_Trial__unresolved_config"),
+            "cached JSON: trial state": trial._state_json,
+            "cached JSON: run metadata": trial.run_metadata._cached_json}
+
+
 def set_restored_callbacks(tuner, callbacks: list) -> None:
     """Gives a ``Tuner.restore``-d tuner this run's ``callbacks`` (``Tuner._local_tuner``)."""
     tuner._local_tuner.get_run_config().callbacks = callbacks
@@ -277,14 +288,6 @@ def registered_env_creator(env_id: str):
 # Environment variables a sweep sets around ``tuner.fit()`` (the module docstring says why).
 CLASSIC_OUTPUT = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
 
-ACTORS_KEPT = Patch("keep launching actors", "ray", TESTED, key="actors", install=_keep_launching_actors)
-FILES_COPIED_WHOLE = Patch("copy the experiment folder's files whole", "ray", TESTED, key=None,
-                           install=_copy_changed_files_whole)
-RESTORES_FAIL_LOUDLY = Patch("fail restores loudly", "ray", TESTED, key=None, install=_fail_restores_loudly)
-ANALYSIS_LEFT_OUT = Patch("restore without the analysis", "ray", TESTED, key="analysis", install=lambda: None)
-FINISHED_TRIALS_RELEASED = Patch("release finished trials", "ray", TESTED, key="release", install=lambda: None)
-PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, ANALYSIS_LEFT_OUT, FINISHED_TRIALS_RELEASED)
-
 _CONTROLLER = "ray.tune.execution.tune_controller:TuneController"
 INTERNALS = (
     Internal(_CONTROLLER, "_maybe_reuse_cached_actor", "patched: launched actors are kept", ("self", "trial")),
@@ -305,6 +308,10 @@ INTERNALS = (
     Internal("ray.tune.impl.tuner_internal", "ExperimentAnalysis", "swapped during a restore: not built"),
     Internal("ray.tune.experiment.trial:Trial", "run_metadata", "written: a finished trial's deques let go", kind="instance"),
     Internal("ray.tune.trainable.metadata:_TrainingRunMetadata", "metric_n_steps", "written: let go", kind="instance"),
+    Internal("ray.tune.experiment.trial:Trial", "_Trial__unresolved_config", "read: weighed (bench)", kind="instance"),
+    Internal("ray.tune.experiment.trial:Trial", "_state_json", "read: weighed (bench)", kind="instance"),
+    Internal("ray.tune.trainable.metadata:_TrainingRunMetadata", "_cached_json", "read: weighed (bench)",
+             kind="instance"),
     Internal("ray.tune:Tuner", "_local_tuner", "read: a restored tuner's run config", kind="instance"),
     Internal("ray.tune:Trainable", "_storage", "read: the trial's storage context", kind="instance"),
     Internal("ray.tune.search.sample", "_BackwardsCompatibleNumpyRng", "called: the search's random state",
@@ -313,3 +320,22 @@ INTERNALS = (
     Internal("ray.tune.experimental.output", "RAY_AIR_NEW_OUTPUT", "set: Tune's classic output", kind="env"),
     Internal("ray.tune.utils.callback", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "set: no automatic loggers", kind="env"),
 )
+
+def _patch(name: str, key: str | None, install, *internals: str) -> Patch:
+    return Patch(name, "ray", TESTED, key, install, pick(INTERNALS, *internals))
+
+
+ACTORS_KEPT = _patch("keep launching actors", "actors", _keep_launching_actors,
+                     "TuneController._maybe_reuse_cached_actor", "TuneController._actor_manager",
+                     "RayActorManager._live_actors_to_ray_actors_resources", "TuneController._started_actors",
+                     "TuneController._trial_to_actor", "TuneController._resetting_trials")
+FILES_COPIED_WHOLE = _patch("copy the experiment folder's files whole", None, _copy_changed_files_whole,
+                            "storage._FilesystemSyncer", "_FilesystemSyncer._sync_up_command",
+                            "_FilesystemSyncer.storage_filesystem")
+RESTORES_FAIL_LOUDLY = _patch("fail restores loudly", None, _fail_restores_loudly, "TuneController.resume",
+                              "TuneController._storage", "experiment_state._find_newest_experiment_checkpoint")
+ANALYSIS_LEFT_OUT = _patch("restore without the analysis", "analysis", lambda: None,
+                           "tuner_internal.ExperimentAnalysis")
+FINISHED_TRIALS_RELEASED = _patch("release finished trials", "release", lambda: None, "Trial.run_metadata",
+                                  "_TrainingRunMetadata.metric_n_steps")
+PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, ANALYSIS_LEFT_OUT, FINISHED_TRIALS_RELEASED)

@@ -163,7 +163,7 @@ class ReplayedStats:
                      if nbytes is not None and key not in freed and key not in out_keys and key in live]
         sums = dict.fromkeys(CATEGORIES, 0)
         for _, nbytes, category in survivors:
-            sums[category] += tracker._bytes(nbytes)
+            sums[category] += tracker.rounded(nbytes)
         if sums != record.held:
             return
         made = {key for key, nbytes in window if nbytes is not None}

@@ -68,7 +68,7 @@ from haepo_ray.llm.capacity.tracker import LiveBytes, PhasePeak, PhasePeaks
 from haepo_ray.llm.policy import model_passes
 from haepo_ray.llm.rollout import padded_prompt_width, sampling_kwargs
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
-from haepo_ray.upstream.torch import efficient_attention, fake_mode, flash_attention
+from haepo_ray.upstream.torch import attention_swapped, efficient_attention, fake_mode, flash_attention
 from haepo_ray.upstream.transformers import logits_processors
 
 __all__ = ["RESERVED_PARTS", "TARGETS", "StepEstimate", "cuda_attention", "quiet", "simulate"]
@@ -158,12 +158,8 @@ def cuda_attention(target: str) -> Iterator[None]:
     if target != "cuda":
         yield
         return
-    original = torch.nn.functional.scaled_dot_product_attention
-    torch.nn.functional.scaled_dot_product_attention = _cuda_sdpa
-    try:
+    with attention_swapped(_cuda_sdpa):
         yield
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = original
 
 
 @contextlib.contextmanager

@@ -120,13 +120,14 @@ class LiveBytes(TorchDispatchMode):
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _bytes(self, nbytes: int) -> int:
+    def rounded(self, nbytes: int) -> int:
+        """``nbytes`` rounded up to whole ``block``\ s: what an allocation of it takes."""
         return math.ceil(nbytes / self.block) * self.block
 
     def _add(self, storage: torch.UntypedStorage, category: str) -> None:
         if storage in self._storages or storage.nbytes() == 0:
             return
-        entry = [self._bytes(storage.nbytes()), category, next(self._keys)]
+        entry = [self.rounded(storage.nbytes()), category, next(self._keys)]
         if not self._quiet:
             self.events.append((entry[2], storage.nbytes()))
         self._storages[storage] = entry
@@ -314,5 +315,5 @@ class LiveBytes(TorchDispatchMode):
         if temporaries is not None:
             sizes = temporaries(args, out)
             events = [(i, n) for i, n in enumerate(sizes)] + [(i, None) for i in range(len(sizes))]
-            self.transient({category: sum(self._bytes(n) for n in sizes)}, events)
+            self.transient({category: sum(self.rounded(n) for n in sizes)}, events)
         return out

@@ -72,6 +72,7 @@ class LLMPlan(Plan):
     default_metrics = LLM_METRICS
     progress_metrics = {names.LLM_UPDATE: "update", names.LLM_TRAIN_TIME: "time (s)", names.LLM_REWARD: "reward"}
     tune_checkpoints = False  # the trial's loop checkpoints (haepo_ray.sweep.kinds.llm.trainable)
+    patched = ("tune", "torch")  # the memory simulator's overrides fit the trials (fitted)
 
     @classmethod
     def resolve(cls, spec: LLMSweepSpec) -> LLMPlan:
@@ -111,10 +112,10 @@ class LLMPlan(Plan):
         if methods(spec) is not None:
             keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
-        plan._check_dpo_settings()
+        plan.check_dpo_settings()
         return plan
 
-    def _check_dpo_settings(self) -> None:
+    def check_dpo_settings(self) -> None:
         """Refuses a setting of :data:`~haepo_ray.llm.settings.NOT_DPO` where the trials include
         DPO, whose loss has no such term: its trials would ignore the value MLflow logs."""
         from haepo_ray.llm.settings import NOT_DPO

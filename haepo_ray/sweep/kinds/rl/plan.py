@@ -45,6 +45,7 @@ class RLPlan(Plan):
         names.EPISODE_RETURN_MEAN: "return",
     }
     tune_checkpoints = True
+    patched = ("tune", "rllib")  # the trainable's connectors patch; HAEPO's env runner's overrides
 
     @classmethod
     def resolve(cls, spec: RLSweepSpec) -> RLPlan:

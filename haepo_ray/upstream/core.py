@@ -1,0 +1,34 @@
+"""Every private name of Ray core that haepo-ray uses, each with its reason; a Ray upgrade is
+checked against :data:`INTERNALS`.
+
+- ``RAY_JOB_CONFIG_JSON_ENV_VAR``: the environment variable in which Ray's job manager hands a
+  submitted job's driver its job config, runtime environment included. A sweep's driver passes
+  its ``HAEPO_PATCHES`` setting to the trials' actors through ``ray.init``'s runtime environment
+  (a cluster's workers do not inherit the driver's environment), which Ray merges with the
+  job's and refuses when both set one variable: :func:`job_env_vars` says which the job sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from haepo_ray.upstream.declared import Internal
+
+__all__ = ["INTERNALS", "job_env_vars"]
+
+_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def job_env_vars() -> dict[str, str]:
+    """The environment variables a submitted job's runtime environment sets for its driver and
+    actors; {} outside a submitted job."""
+    config = os.environ.get(_JOB_CONFIG)
+    if not config:
+        return {}
+    return dict((json.loads(config).get("runtime_env") or {}).get("env_vars") or {})
+
+
+INTERNALS = (
+    Internal("ray._private.worker", _JOB_CONFIG, "read: a submitted job's runtime environment", kind="env"),
+)
