@@ -121,7 +121,7 @@ class LiveBytes(TorchDispatchMode):
     # ------------------------------------------------------------------ bookkeeping
 
     def rounded(self, nbytes: int) -> int:
-        """``nbytes`` rounded up to whole ``block``\ s: what an allocation of it takes."""
+        """``nbytes`` rounded up to whole blocks of ``block`` bytes: what an allocation of it takes."""
         return math.ceil(nbytes / self.block) * self.block
 
     def _add(self, storage: torch.UntypedStorage, category: str) -> None:
