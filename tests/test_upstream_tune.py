@@ -41,7 +41,8 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
     one. Its interleaving cannot be forced from outside Tune's scheduling (it is the actors'
     start, seconds of imports, against one-iteration trials); the test asserts that it happened:
     some trial offered a cached actor had its own actor starting (``asked``), and no actor Tune
-    removed was starting (``removed``)."""
+    removed was starting (``removed``). A run in which the race did not occur proves nothing of
+    the patch, and says so (a skip), after the checks that hold either way."""
     synced = []  # files copied into the experiment's folder by each patched sync
     sync_folder = tune_private.sync_folder
     monkeypatch.setattr(tune_private, "sync_folder", lambda **kw: synced.append(sync_folder(**kw)) or synced[-1])
@@ -62,9 +63,6 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
     assert sorted(t.values["seed"] for t in result.trials) == list(range(TRIALS))
     assert all(t.status == "TERMINATED" and t.iterations == 1 for t in result.trials)
     assert removed and not any(removed), f"{sum(removed)} of {len(removed)} removed actors were starting"
-    # ... and not because no removal met a starting actor: the race happened (150 of 160 checks
-    # met a starting actor in a run here) and the patch kept the starting actors.
-    assert any(asked), f"no trial offered a cached actor had its own actor starting ({len(asked)} checks)"
 
     for trial in recorder.trials:  # released: no deques, no second config; the statistics stay
         assert trial.run_metadata.metric_n_steps == {}
@@ -91,6 +89,11 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
         run_sweep(parse_plan(short_trials(), "short.yaml"), track=False, storage_path=str(tmp_path),
                   out=io.StringIO(), verbose=0, resume=True)
     assert sorted(p.name for p in run_dir.iterdir()) == folders
+
+    # Last, what only a run with the race proves: a trial offered a cached actor while its own
+    # was starting (150 of 160 checks in a run here), and the patch kept that actor.
+    if not any(asked):
+        pytest.skip(f"the race did not occur in this run ({len(asked)} checks): the patch was not put to the test")
 
 
 def tree(root: Path) -> dict[str, bytes]:
