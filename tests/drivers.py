@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import yaml
+from helpers import sqlite_store
 from mlflow.tracking import MlflowClient
 
 
@@ -43,6 +45,17 @@ def sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -
     """The arguments of `haepo sweep` for the killed-driver tests."""
     return ["sweep", str(spec), "--tracking-uri", uri, "--storage-path", str(results),
             "--address", address, "--quiet", *extra]
+
+
+def killed_sweep(folder: Path, spec: dict, address: str) -> tuple[Path, str, Path, list[str]]:
+    """Writes ``spec`` (named by its ``name``) into ``folder``; returns the sweep's SQLite store,
+    its URI, its results folder and its `haepo sweep` arguments (:func:`sweep_args`)."""
+    spec_path = folder / f"{spec['name']}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    db = folder / "mlflow.db"
+    uri = sqlite_store(db)
+    results = folder / "results"
+    return db, uri, results, sweep_args(spec_path, uri, results, address)
 
 
 def start_driver(args: list[str], cwd: Path, log) -> subprocess.Popen:

@@ -15,8 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
+from drivers import kill_driver_when, killed_sweep, logged_rows, metric_rows, resume_driver
 from helpers import SMOKE, sqlite_store
 from mlflow.tracking import MlflowClient
 from test_sweep_e2e import _flaky_env
@@ -121,13 +120,8 @@ def test_keep_one_checkpoint_killed_while_the_state_names_a_deleted_one(ray_sess
     """``keep_checkpoints: 1``: Tune deletes a trial's checkpoint when it registers the next, and
     copies the state naming the next one later; the driver is SIGKILLed in between (stopped
     until the state on storage is seen to name a checkpoint that is gone), then resumed."""
-    spec = tiny("keep1", 30, keep_checkpoints=1, max_failures=1)
-    spec_path = tmp_path / "keep1.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    db = tmp_path / "mlflow.db"
-    uri = sqlite_store(db)
-    results = tmp_path / "results"
-    args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
+    db, uri, results, args = killed_sweep(tmp_path, tiny("keep1", 30, keep_checkpoints=1, max_failures=1),
+                                          ray_session.get_runtime_context().gcs_address)
 
     def names_a_deleted_checkpoint() -> bool:
         for run_dir in results.glob("keep1/*"):
