@@ -171,23 +171,24 @@ def test_a_copy_that_left_the_state_behind_is_not_reported_as_synced(tmp_path, m
     syncer = _FilesystemSyncer(storage_filesystem=pyarrow.fs.LocalFileSystem())
     copyfile, release = shutil.copyfile, threading.Event()
 
-    def rewritten_meanwhile(src, dst):  # Tune's next save lands while the copy runs
+    def replaced_meanwhile(src, dst):  # Tune's next save lands while the copy runs
         copyfile(src, dst)
-        Path(src).write_text(Path(src).read_text() + " ")
+        Path(f"{src}.next").write_text('{"trial_data": [1, 2]}')
+        os.replace(f"{src}.next", src)
 
     def held(src, dst):  # a copy still running when Tune asks
         release.wait(30)
         copyfile(src, dst)
 
-    monkeypatch.setattr(shutil, "copyfile", rewritten_meanwhile)
+    monkeypatch.setattr(shutil, "copyfile", replaced_meanwhile)
     syncer.sync_up(str(source), str(destination))
     syncer.wait()
-    assert not (destination / state.name).exists()
+    assert (destination / state.name).read_text() == '{"trial_data": [1]}'  # a whole earlier version
     monkeypatch.setattr(shutil, "copyfile", held)
     assert syncer.sync_up(str(source), str(destination)) is False  # the copy before left it behind
     release.set()
     syncer.wait()
-    assert (destination / state.name).read_text() == state.read_text()
+    assert (destination / state.name).read_text() == '{"trial_data": [1, 2]}'
     release.clear()
     assert syncer.sync_up(str(source), str(destination)) is True  # it is on storage now
     release.set()

@@ -207,13 +207,13 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
     """Copies into ``destination`` each file under ``source`` that changed since ``copied``
     says it was copied: into ``.<name>.tmp`` beside it, then renamed over it (a reader sees the
     old file or the new one, never part of one); a file that changes while it is copied is left
-    for the next call, as are names starting with ``.`` (Tune's own temporary files). The
+    for the next call (the experiment state, which Tune replaces whole, keeps the whole earlier
+    version copied), as are names starting with ``.`` (Tune's own temporary files). The
     trials' folders go first, the experiment state last: a state on disk never names results
     that are not. Folders are made as they appear. Returns how many files it copied; an
     experiment state left behind (or a call cut short) is recorded in :data:`_states_behind`."""
-    count, behind = 0, True
+    count, behind, done = 0, False, False
     try:
-        behind = False
         for folder, _, names in os.walk(source, topdown=False):  # the trials' folders before the state
             relative = os.path.relpath(folder, source)
             target_folder = os.path.normpath(os.path.join(destination, relative))
@@ -227,26 +227,34 @@ def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]
                 before = _signature(path)
                 if before is None or copied.get(key) == before:
                     continue
-                if not _copy_whole(path, os.path.join(target_folder, name), before):
-                    behind = behind or _is_state(relative, name)
+                state = _is_state(relative, name)
+                if not _copy_whole(path, os.path.join(target_folder, name), before, replaced_whole=state):
+                    behind = behind or state
                     continue
                 copied[key] = before
                 count += 1
+        done = True
     finally:
-        (_states_behind.add if behind else _states_behind.discard)((source, destination))
+        (_states_behind.add if behind or not done else _states_behind.discard)((source, destination))
     return count
 
 
-def _copy_whole(path: str, target: str, before: tuple[int, ...]) -> bool:
+def _copy_whole(path: str, target: str, before: tuple[int, ...], replaced_whole: bool = False) -> bool:
     """Copies ``path`` (whose signature was ``before``) over ``target`` through a temporary
-    beside it; False, and no change, when it was replaced or changed meanwhile."""
+    beside it; False when it changed meanwhile, and the copy is dropped, unless the file was
+    replaced by a new one and ``replaced_whole`` says its writer replaces it whole (the staged
+    experiment state): then the copy, of one whole earlier version, is kept."""
     temporary = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
     try:
         shutil.copyfile(path, temporary)
     except FileNotFoundError:  # replaced meanwhile (an atomic save): the next call
         return False
-    if _signature(path) != before:
-        os.unlink(temporary)
+    after = _signature(path)
+    if after != before:
+        if replaced_whole and after is not None and after[0] != before[0]:
+            os.replace(temporary, target)
+        else:
+            os.unlink(temporary)
         return False
     os.replace(temporary, target)
     return True
