@@ -397,7 +397,7 @@ def newest_state(run_dir: str) -> tuple[str, list[StateTrial]] | None:
             storage, checkpoint = trial.storage, trial.checkpoint
             trials.append(StateTrial(trial.trial_id, storage.experiment_fs_path, storage.experiment_dir_name,
                                      checkpoint.path if checkpoint else None))
-    except (ValueError, KeyError, TypeError):
+    except Exception:  # noqa: BLE001 - cut short, or not Tune's: Tune's own restore says what
         return None
     return newest, trials
 
