@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from test_sweep_e2e import _flaky_env
 
 from haepo_ray.sweep.kinds import parse_plan
-from haepo_ray.sweep.runner import SweepError, refuse_a_foreign_state, run_sweep
+from haepo_ray.sweep.runner import SweepError, run_sweep
 from haepo_ray.tracking import find_sweep_runs
 from haepo_ray.upstream import tune as tune_internals
 
@@ -76,6 +76,8 @@ def test_a_state_of_another_run_is_refused_before_anything_is_written(ray_sessio
            f"experiment folder, {a} " in message
     assert listing(b) == before
     assert MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()]) == []
+
+    from haepo_ray.sweep.runner import refuse_a_foreign_state
 
     moved = tmp_path / "moved" / a.name  # a run folder moved whole keeps its name: Tune follows it
     shutil.copytree(a, moved)
