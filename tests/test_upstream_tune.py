@@ -1,7 +1,8 @@
 """In a sweep of short trials Tune keeps the actors it launches (a cached actor never takes the
 trial of an actor that is already starting, whose start would be thrown away), every trial
 still runs once, and a finished trial's running statistics are let go. The experiment's folder
-gets each file whole or not at all, and a resume refuses a cut-short experiment state."""
+gets each file whole or not at all, and a resume refuses a cut-short experiment state. Tune's
+staged state is replaced whole, and a copy that left it behind is reported as not synced."""
 
 from __future__ import annotations
 
