@@ -85,7 +85,8 @@ def test_a_state_of_another_run_is_refused_before_anything_is_written(ray_sessio
     refuse_a_foreign_state(str(moved), a.name)
 
 
-@pytest.mark.parametrize("deleted", ["newest", "every"])
+# Slow tier: from scratch (every checkpoint gone), which the killed driver below also meets.
+@pytest.mark.parametrize("deleted", ["newest", pytest.param("every", marks=pytest.mark.slow)])
 def test_a_trial_whose_newest_checkpoint_is_gone_restarts_from_one_that_exists(deleted, ray_session, tmp_path,
                                                                                monkeypatch):
     """A trial fails (an env raising once), its newest checkpoint is deleted, and the sweep is
@@ -117,6 +118,7 @@ def test_a_trial_whose_newest_checkpoint_is_gone_restarts_from_one_that_exists(d
     check_each_step_once(uri, "gone", 8)
 
 
+# Slow tier (19 s on an idle 2-core machine, 33 s beside other work): one driver process more.
 @pytest.mark.slow
 def test_keep_one_checkpoint_killed_while_the_state_names_a_deleted_one(ray_session, tmp_path, monkeypatch, capfd,
                                                                        caplog):
