@@ -30,11 +30,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def logged_updates(db: Path) -> int:
-    """Rows of reward_mean in the store (the first trial's updates while it runs alone)."""
+def logged_updates(db: Path, key: str = "reward_mean") -> int:
+    """Rows of ``key`` in the store (reward_mean: the first trial's updates while it runs alone)."""
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
-            return conn.execute("select count(*) from metrics where key = 'reward_mean'").fetchone()[0]
+            return conn.execute("select count(*) from metrics where key = ?", (key,)).fetchone()[0]
     except sqlite3.Error:  # not created yet, or busy
         return 0
 

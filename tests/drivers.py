@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import yaml
+from helpers import sqlite_store
 from mlflow.tracking import MlflowClient
 
 
@@ -45,6 +47,17 @@ def sweep_args(spec: Path, uri: str, results: Path, address: str, *extra: str) -
             "--address", address, "--quiet", *extra]
 
 
+def killed_sweep(folder: Path, spec: dict, address: str) -> tuple[Path, str, Path, list[str]]:
+    """Writes ``spec`` (named by its ``name``) into ``folder``; returns the sweep's SQLite store,
+    its URI, its results folder and its `haepo sweep` arguments (:func:`sweep_args`)."""
+    spec_path = folder / f"{spec['name']}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    db = folder / "mlflow.db"
+    uri = sqlite_store(db)
+    results = folder / "results"
+    return db, uri, results, sweep_args(spec_path, uri, results, address)
+
+
 def start_driver(args: list[str], cwd: Path, log) -> subprocess.Popen:
     """`haepo ARGS` (a sweep's driver) in its own process group, its output to ``log``."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
@@ -53,15 +66,22 @@ def start_driver(args: list[str], cwd: Path, log) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def kill_driver_when(args: list[str], cwd: Path, ready, timeout_s: float = 180) -> None:
+def kill_driver_when(args: list[str], cwd: Path, ready, timeout_s: float = 180, paused: bool = False) -> None:
     """Runs `haepo ARGS` (the sweep's driver) in its own process group and SIGKILLs the group
-    once ``ready()`` holds; fails if the driver ends first or ``ready`` never holds. Its
-    output is in ``cwd/first.log``."""
+    once ``ready()`` holds; fails if the driver ends first or ``ready`` never holds. With
+    ``paused``, the group is stopped (SIGSTOP) while ``ready()`` looks, so that what it saw
+    is what the kill leaves. Its output is in ``cwd/first.log``."""
     with open(cwd / "first.log", "w") as log:
         proc = start_driver(args, cwd, log)
         try:
             deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and proc.poll() is None and not ready():
+            while time.monotonic() < deadline and proc.poll() is None:
+                if paused:
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                if ready():
+                    break
+                if paused:
+                    os.killpg(proc.pid, signal.SIGCONT)
                 time.sleep(0.05)
             assert proc.poll() is None, "the sweep ended before it could be killed:\n" + \
                 (cwd / "first.log").read_text()[-3000:]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivers import kill_driver_when, logged_rows, metric_rows, resume_driver, sweep_args
+from drivers import kill_driver_when, killed_sweep, logged_rows, metric_rows, resume_driver
 from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, check_sweep_in_mlflow, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
@@ -169,12 +169,7 @@ def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeyp
     spec_data["stop"] = {"iterations": 10}
     # Slow the iterations down so that the kill lands mid-sweep.
     spec_data["settings"]["min_time_s_per_iteration"] = 0.4
-    spec_path = tmp_path / "resumable.yaml"
-    spec_path.write_text(yaml.safe_dump(spec_data))
-    db = tmp_path / "mlflow.db"
-    uri = sqlite_store(db)
-    results = tmp_path / "results"
-    args = sweep_args(spec_path, uri, results, ray_session.get_runtime_context().gcs_address)
+    db, uri, results, args = killed_sweep(tmp_path, spec_data, ray_session.get_runtime_context().gcs_address)
 
     kill_driver_when(args, tmp_path, lambda: bool(list(results.glob("resumable/*/experiment_state-*.json")))
                      and metric_rows(db, "time_total_s") >= 3)

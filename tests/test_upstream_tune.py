@@ -1,7 +1,8 @@
 """In a sweep of short trials Tune keeps the actors it launches (a cached actor never takes the
 trial of an actor that is already starting, whose start would be thrown away), every trial
 still runs once, and a finished trial's running statistics are let go. The experiment's folder
-gets each file whole or not at all, and a resume refuses a cut-short experiment state."""
+gets each file whole or not at all, and a resume refuses a cut-short experiment state. Tune's
+staged state is replaced whole, and a copy that left it behind is reported as not synced."""
 
 from __future__ import annotations
 
@@ -155,3 +156,76 @@ def test_a_copy_cut_short_leaves_the_old_file_and_nothing_tune_reads(tmp_path, m
     monkeypatch.undo()
     assert tune_private.sync_folder(str(source), str(destination), copied) == 1
     assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1, 2, 3, 4]}'
+
+
+def test_a_copy_that_left_the_state_behind_is_not_reported_as_synced(tmp_path, monkeypatch):
+    """Tune counts a launched copy as synced and stops forcing the next (with keep_checkpoints,
+    ray-project/ray#27790); a copy that left the experiment state behind is reported as not
+    synced, so Tune forces another."""
+    import threading
+
+    import pyarrow.fs
+    from ray.train._internal.storage import _FilesystemSyncer
+
+    tune_private.FILES_COPIED_WHOLE.apply()
+    source, destination = tmp_path / "staging", tmp_path / "experiment"
+    source.mkdir()
+    state = source / "experiment_state-1.json"
+    state.write_text('{"trial_data": [1]}')
+    syncer = _FilesystemSyncer(storage_filesystem=pyarrow.fs.LocalFileSystem())
+    copyfile, release = shutil.copyfile, threading.Event()
+
+    def replaced_meanwhile(src, dst):  # Tune's next save lands while the copy runs
+        copyfile(src, dst)
+        Path(f"{src}.next").write_text('{"trial_data": [1, 2]}')
+        os.replace(f"{src}.next", src)
+
+    def held(src, dst):  # a copy still running when Tune asks
+        release.wait(30)
+        copyfile(src, dst)
+
+    monkeypatch.setattr(shutil, "copyfile", replaced_meanwhile)
+    syncer.sync_up(str(source), str(destination))
+    syncer.wait()
+    assert (destination / state.name).read_text() == '{"trial_data": [1]}'  # a whole earlier version
+    monkeypatch.setattr(shutil, "copyfile", held)
+    assert syncer.sync_up(str(source), str(destination)) is False  # the copy before left it behind
+    release.set()
+    syncer.wait()
+    assert (destination / state.name).read_text() == '{"trial_data": [1, 2]}'
+    release.clear()
+    assert syncer.sync_up(str(source), str(destination)) is True  # it is on storage now
+    release.set()
+    syncer.wait()
+
+
+def test_the_staged_state_is_replaced_whole_and_a_checkpoint_deleted_whole(ray_session, tmp_path):
+    """Tune writes its experiment state into the staging folder in place, which a copy running
+    meanwhile could take half-written: it is written under a temporary name and renamed over
+    (a new file each time). A checkpoint Tune deletes leaves no folder behind."""
+    from ray import tune
+
+    tune_private.apply()
+    inodes, temporaries = set(), set()
+
+    class Look(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            folder = Path(trial.storage.experiment_driver_staging_path)
+            inodes.update(p.stat().st_ino for p in folder.glob("experiment_state-*.json"))
+            temporaries.update(p.name for p in folder.glob(".experiment_state-*"))
+
+    def trainable(config):
+        for i in range(6):
+            folder = Path(tune.get_context().get_trial_dir()) / f"local_{i}"
+            folder.mkdir()
+            (folder / "weights").write_text(str(i))
+            tune.report({"i": i}, checkpoint=tune.Checkpoint.from_directory(str(folder)))
+
+    result = tune.Tuner(trainable, run_config=tune.RunConfig(
+        name="whole", storage_path=str(tmp_path), verbose=0, callbacks=[Look()],
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1))).fit()
+    assert len(inodes) > 1, "the staged state was written in place"
+    assert not temporaries
+    (trial_dir,) = {p.parent for p in (tmp_path / "whole").glob("*/checkpoint_*")}
+    assert sorted(p.name for p in trial_dir.iterdir() if "checkpoint" in p.name) == ["checkpoint_000005"]
+    assert result[0].checkpoint.path == str(trial_dir / "checkpoint_000005")

@@ -151,6 +151,24 @@ def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: 
     return tuner
 
 
+def refuse_a_foreign_state(run_dir: str, name: str) -> None:
+    """Raises :class:`SweepError` when the experiment state a resume of ``run_dir`` (named
+    ``name``) would restore holds trials of another experiment folder: Tune would move their
+    checkpoints' paths into ``run_dir``, where they are not, and fail or restart each trial.
+    A folder moved whole keeps its name, and Tune follows it."""
+    found = tune_internals.newest_state(run_dir)
+    if found is None:
+        return
+    state, trials = found
+    foreign = sorted({t.experiment_folder for t in trials if t.experiment_name != name})
+    if foreign:
+        raise SweepError(
+            f"cannot resume {run_dir}: the experiment state it would restore, {state}, holds trials of "
+            f"another experiment folder, {', '.join(foreign)} (a state file copied from there?). Ray Tune "
+            f"would look for their checkpoints in {run_dir}, where they are not. Move that file out of "
+            f"{run_dir} to resume it from its own newest experiment state, or resume the other folder's sweep")
+
+
 def result_loggers() -> list:
     """The one per-trial result logger a sweep keeps: Tune's JSON logger (params.json,
     params.pkl, result.json), which resumes read (:mod:`haepo_ray.tracking.trial_files`) and
@@ -241,6 +259,7 @@ def run_sweep(
                 raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
                                  "can restore (run it without --resume)")
             name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+            refuse_a_foreign_state(run_dir, name)
         else:
             name, run_dir = new_run_dir(root)
 

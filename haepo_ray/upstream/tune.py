@@ -17,7 +17,7 @@ costs nothing): launched actors join the sweep instead of being thrown away.
 callback; optional: memory). For every numeric result key Tune keeps deques of the last 5 and 10 values
 (``run_metadata.metric_n_steps``: 175 KB for a one-iteration HAEPO trial) and a copy of the
 trial's config in its last result (58 KB), besides a cached JSON of both (105 KB); the driver
-kept all of it for every finished trial.
+kept all of it for every finished trial (a failed one keeps it: a resume runs it again).
 
 *The experiment's folder is copied file by file, each whole or not at all* (required,
 :func:`sync_folder`). Tune writes its experiment state (every trial's state: about 80 KB per
@@ -28,7 +28,24 @@ and in place. A driver killed while it copied left a cut-short ``experiment_stat
 started every trial again from scratch, into the same MLflow runs. Patched, for a local (or
 NFS-mounted) experiment folder, a file is copied only when it changed since its last copy, into
 a temporary name beside it that Tune never reads, then renamed over the old one; a file that
-changed while it was copied waits for the next copy.
+changed while it was copied waits for the next copy. Tune wrote its state into the staging
+folder in place too, so a copy could take a half-written one whose size and time did not change
+while it was copied: patched, it writes ``.experiment_state-*.json.tmp`` and renames it. And
+with ``keep_checkpoints`` Tune deletes a trial's older checkpoint as soon as it registers a new
+one, and forces a copy of the state that names the new one at its next step, counted as done
+once launched (ray-project/ray#27790): a copy that left the state behind (changed while copied)
+counted too, and a kill before the next copy left a state on storage that named a deleted
+checkpoint. Patched, such a copy is reported as not done, so Tune forces the next one.
+
+*A trial restores from a checkpoint that exists* (:func:`restore_from_checkpoint_that_exists`;
+required). A state on storage can still name a checkpoint that is gone (the driver killed
+between the deletion and the state's copy, or a checkpoint deleted by hand); Tune then restored
+the trial from it, which failed (``Could not recover from checkpoint as it does not exist on
+storage anymore``), and every retry failed the same. Patched, before each restore a trial whose
+newest checkpoint is gone drops it and restores from its newest checkpoint Tune tracked that
+exists, or starts from scratch if none does (its MLflow run drops the steps it reports again:
+:mod:`haepo_ray.tracking.logged`). A checkpoint folder on local storage is renamed to a hidden
+name before it is deleted, so a kill mid-deletion leaves none cut short under its own name.
 
 *A resume does not read every trial's results first* (:func:`restoring_without_analysis`;
 optional: speed and memory).
@@ -66,13 +83,20 @@ Read, not patched:
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
+import json
+import logging
 import os
 import shutil
+import threading
+from typing import NamedTuple
 
 from ray.tune import Callback
 
 from haepo_ray.upstream.declared import Internal, Patch, pick
+
+logger = logging.getLogger(__name__)
 
 TESTED = ("2.60.0",)  # the Ray versions the patches were written and tested for
 
@@ -110,11 +134,16 @@ def _keep_launching_actors() -> None:
 
 # Per (staging folder, experiment folder): each file's (inode, size, mtime) when it was copied.
 _copied: dict[tuple[str, str], dict[str, tuple[int, ...]]] = {}
+# The (staging folder, experiment folder) pairs whose last copy left the experiment state behind.
+_states_behind: set[tuple[str, str]] = set()
+# The controller writing its state in this thread (its state file then has a temporary name).
+_writing = threading.local()
 
 
 def _copy_changed_files_whole() -> None:
     import pyarrow.fs
     from ray.train._internal.storage import _FilesystemSyncer
+    from ray.tune.execution.tune_controller import TuneController
 
     original = _FilesystemSyncer._sync_up_command
     if getattr(original, "copies_whole_files", False):
@@ -128,8 +157,37 @@ def _copy_changed_files_whole() -> None:
         copied = _copied.setdefault((local_path, uri), {})
         return sync_folder, {"source": local_path, "destination": uri, "copied": copied}
 
+    original_sync_up = _FilesystemSyncer.sync_up
+
+    @functools.wraps(original_sync_up)
+    def sync_up(self, local_dir, remote_dir, exclude=None) -> bool:
+        # Launching waited for the last copy: a state it left behind is not on storage yet.
+        launched = original_sync_up(self, local_dir, remote_dir, exclude)
+        return launched and (local_dir, remote_dir) not in _states_behind
+
+    state_name = TuneController.experiment_state_file_name
+    original_save = TuneController.save_to_dir
+
+    @property
+    def experiment_state_file_name(self) -> str:
+        name = state_name.fget(self)
+        return f".{name}.tmp" if getattr(_writing, "controller", None) is self else name
+
+    @functools.wraps(original_save)
+    def save_to_dir(self) -> None:
+        _writing.controller = self
+        try:
+            original_save(self)
+        finally:
+            _writing.controller = None
+        folder, name = self._storage.experiment_driver_staging_path, self.experiment_state_file_name
+        os.replace(os.path.join(folder, f".{name}.tmp"), os.path.join(folder, name))
+
     sync_up_command.copies_whole_files = True
     _FilesystemSyncer._sync_up_command = sync_up_command
+    _FilesystemSyncer.sync_up = sync_up
+    TuneController.experiment_state_file_name = experiment_state_file_name
+    TuneController.save_to_dir = save_to_dir
 
 
 def _signature(path: str) -> tuple[int, ...] | None:
@@ -140,39 +198,68 @@ def _signature(path: str) -> tuple[int, ...] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _is_state(relative: str, name: str) -> bool:
+    """Whether ``name`` in the staging folder's ``relative`` folder is an experiment state."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    return relative == "." and fnmatch.fnmatch(name, TuneController.CKPT_FILE_TMPL.format("*"))
+
+
 def sync_folder(source: str, destination: str, copied: dict[str, tuple[int, ...]]) -> int:
     """Copies into ``destination`` each file under ``source`` that changed since ``copied``
     says it was copied: into ``.<name>.tmp`` beside it, then renamed over it (a reader sees the
     old file or the new one, never part of one); a file that changes while it is copied is left
-    for the next call, as are names starting with ``.`` (Tune's own temporary files). The
+    for the next call (the experiment state, which Tune replaces whole, keeps the whole earlier
+    version copied), as are names starting with ``.`` (Tune's own temporary files). The
     trials' folders go first, the experiment state last: a state on disk never names results
-    that are not. Folders are made as they appear. Returns how many files it copied."""
-    count = 0
-    for folder, _, names in os.walk(source, topdown=False):  # the trials' folders before the state
-        relative = os.path.relpath(folder, source)
-        target_folder = os.path.normpath(os.path.join(destination, relative))
-        if relative + os.sep not in copied:
-            os.makedirs(target_folder, exist_ok=True)
-            copied[relative + os.sep] = ()
-        for name in names:
-            if name.startswith("."):
-                continue
-            path, key = os.path.join(folder, name), os.path.normpath(os.path.join(relative, name))
-            before = _signature(path)
-            if before is None or copied.get(key) == before:
-                continue
-            temporary = os.path.join(target_folder, f".{name}.tmp")
-            try:
-                shutil.copyfile(path, temporary)
-            except FileNotFoundError:  # replaced meanwhile (an atomic save): the next call
-                continue
-            if _signature(path) != before:
-                os.unlink(temporary)
-                continue
-            os.replace(temporary, os.path.join(target_folder, name))
-            copied[key] = before
-            count += 1
+    that are not. Folders are made as they appear. Returns how many files it copied; an
+    experiment state left behind (or a call cut short) is recorded in :data:`_states_behind`."""
+    count, behind, done = 0, False, False
+    try:
+        for folder, _, names in os.walk(source, topdown=False):  # the trials' folders before the state
+            relative = os.path.relpath(folder, source)
+            target_folder = os.path.normpath(os.path.join(destination, relative))
+            if relative + os.sep not in copied:
+                os.makedirs(target_folder, exist_ok=True)
+                copied[relative + os.sep] = ()
+            for name in names:
+                if name.startswith("."):
+                    continue
+                path, key = os.path.join(folder, name), os.path.normpath(os.path.join(relative, name))
+                before = _signature(path)
+                if before is None or copied.get(key) == before:
+                    continue
+                state = _is_state(relative, name)
+                if not _copy_whole(path, os.path.join(target_folder, name), before, replaced_whole=state):
+                    behind = behind or state
+                    continue
+                copied[key] = before
+                count += 1
+        done = True
+    finally:
+        (_states_behind.add if behind or not done else _states_behind.discard)((source, destination))
     return count
+
+
+def _copy_whole(path: str, target: str, before: tuple[int, ...], replaced_whole: bool = False) -> bool:
+    """Copies ``path`` (whose signature was ``before``) over ``target`` through a temporary
+    beside it; False when it changed meanwhile, and the copy is dropped, unless the file was
+    replaced by a new one and ``replaced_whole`` says its writer replaces it whole (the staged
+    experiment state): then the copy, of one whole earlier version, is kept."""
+    temporary = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp")
+    try:
+        shutil.copyfile(path, temporary)
+    except FileNotFoundError:  # replaced meanwhile (an atomic save): the next call
+        return False
+    after = _signature(path)
+    if after != before:
+        if replaced_whole and after is not None and after[0] != before[0]:
+            os.replace(temporary, target)
+        else:
+            os.unlink(temporary)
+        return False
+    os.replace(temporary, target)
+    return True
 
 
 @contextlib.contextmanager
@@ -225,16 +312,107 @@ def _fail_restores_loudly() -> None:
     TuneController.resume = resume
 
 
+def _restore_from_checkpoints_that_exist() -> None:
+    import pyarrow.fs
+    import ray.train._internal.checkpoint_manager as checkpoint_manager
+    from ray.tune.execution.tune_controller import TuneController
+
+    original = TuneController._schedule_trial_restore
+    if getattr(original, "checks_checkpoints", False):
+        return
+
+    @functools.wraps(original)
+    def schedule_trial_restore(self, trial) -> bool:
+        restore_from_checkpoint_that_exists(trial)
+        return original(self, trial)
+
+    delete = checkpoint_manager._delete_fs_path
+
+    @functools.wraps(delete)
+    def delete_fs_path(fs, fs_path) -> None:
+        if isinstance(fs, pyarrow.fs.LocalFileSystem) and os.path.isdir(fs_path):
+            hidden = os.path.join(os.path.dirname(fs_path), f".{os.path.basename(fs_path)}.deleting")
+            shutil.rmtree(hidden, ignore_errors=True)  # one a kill left
+            os.rename(fs_path, hidden)  # gone from its name at once, never cut short under it
+            fs_path = hidden
+        delete(fs, fs_path)
+
+    schedule_trial_restore.checks_checkpoints = True
+    TuneController._schedule_trial_restore = schedule_trial_restore
+    checkpoint_manager._delete_fs_path = delete_fs_path
+
+
+def checkpoint_exists(checkpoint) -> bool:
+    """Whether a ``ray.tune.Checkpoint``'s folder is on its storage."""
+    import pyarrow.fs
+
+    return checkpoint.filesystem.get_file_info(checkpoint.path).type != pyarrow.fs.FileType.NotFound
+
+
+def restore_from_checkpoint_that_exists(trial) -> None:
+    """If the newest checkpoint Tune tracks for ``trial`` is not on storage, forgets it and
+    every other one that is not: the trial then restores from its newest checkpoint that
+    exists, or starts from scratch. Logs a warning naming them."""
+    manager = trial.run_metadata.checkpoint_manager
+    latest = manager.latest_checkpoint_result
+    if latest is None or checkpoint_exists(latest.checkpoint):
+        return
+    kept = [r for r in manager._checkpoint_results if r is not latest and checkpoint_exists(r.checkpoint)]
+    newest = max(reversed(kept), key=lambda r: r.metrics.get("training_iteration", -1), default=None)
+    manager._checkpoint_results = kept
+    manager._latest_checkpoint_result = newest
+    trial.run_metadata.invalidate_cache()
+    trial.invalidate_json_state()
+    logger.warning("trial %s: its newest checkpoint, %s, is not on storage (a driver killed after Tune deleted "
+                   "it, ray-project/ray#27790, or deleted by hand); it restarts %s", trial.trial_id,
+                   latest.checkpoint.path, f"from {newest.checkpoint.path}" if newest else "from scratch")
+
+
+class StateTrial(NamedTuple):
+    """A trial as an experiment-state file records it."""
+
+    trial_id: str
+    experiment_folder: str  # its experiment's folder on its storage
+    experiment_name: str  # that folder's name
+    checkpoint: str | None  # its newest checkpoint's folder on its storage
+
+
+def newest_state(run_dir: str) -> tuple[str, list[StateTrial]] | None:
+    """The experiment-state file of the run folder ``run_dir`` (a path or URI) that a resume
+    restores (its newest) and the trials it holds; None when there is none or it does not
+    parse (the resume's restore then says why)."""
+    import pyarrow.fs
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+    from ray.tune.experiment import Trial
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(run_dir)
+    newest = _find_newest_experiment_checkpoint(path, fs=fs)
+    if newest is None:
+        return None
+    trials = []
+    try:
+        with fs.open_input_stream(newest) as f:
+            state = json.loads(f.readall())
+        for trial_state, metadata in state["trial_data"]:
+            trial = Trial.from_json_state(trial_state, stub=True)
+            trial.restore_run_metadata(metadata)
+            storage, checkpoint = trial.storage, trial.checkpoint
+            trials.append(StateTrial(trial.trial_id, storage.experiment_fs_path, storage.experiment_dir_name,
+                                     checkpoint.path if checkpoint else None))
+    except Exception:  # noqa: BLE001 - cut short, or not Tune's: Tune's own restore says what
+        return None
+    return newest, trials
+
+
 class ReleaseFinishedTrials(Callback):
     """Drops, once a trial has ended, its deques of recent values (only a running trial's
     ``last-N-avg`` statistics read them) and its last result's copy of the config (the trial's
     own, equal, stands in); its statistics (``metric_analysis``) and last result stay. Setting
-    the attributes refreshes the trial's cached JSON state."""
+    the attributes refreshes the trial's cached JSON state. A trial that failed keeps them:
+    ``--resume`` runs it again (``resume_errored``), and Tune's statistics of its next result
+    read them (a ``KeyError`` that ended the resumed sweep)."""
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        release(trial)
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
         release(trial)
 
 
@@ -292,17 +470,33 @@ _CONTROLLER = "ray.tune.execution.tune_controller:TuneController"
 INTERNALS = (
     Internal(_CONTROLLER, "_maybe_reuse_cached_actor", "patched: launched actors are kept", ("self", "trial")),
     Internal(_CONTROLLER, "resume", "patched: a failed restore is raised", ("self", "resume_config")),
+    Internal(_CONTROLLER, "_schedule_trial_restore", "patched: restored from a checkpoint that exists",
+             ("self", "trial")),
+    Internal(_CONTROLLER, "save_to_dir", "patched: the state staged whole", ("self",)),
+    Internal(_CONTROLLER, "experiment_state_file_name", "patched: a temporary name while it is written"),
+    Internal(_CONTROLLER, "CKPT_FILE_TMPL", "read: which staged file is the experiment state"),
     Internal(_CONTROLLER, "_actor_manager", "read: the actors that are live", kind="instance"),
     Internal("ray.air.execution._internal.actor_manager:RayActorManager", "_live_actors_to_ray_actors_resources",
              "read: the actors that are live", kind="instance"),
     Internal(_CONTROLLER, "_started_actors", "read: the actors whose constructor returned", kind="instance"),
     Internal(_CONTROLLER, "_trial_to_actor", "read: a trial's actor", kind="instance"),
     Internal(_CONTROLLER, "_resetting_trials", "read: trials whose actor is being reset", kind="instance"),
-    Internal(_CONTROLLER, "_storage", "read: the experiment's storage, for a failed restore's message", kind="instance"),
+    Internal(_CONTROLLER, "_storage", "read: the experiment's storage (a failed restore's message, the staged state)",
+             kind="instance"),
     Internal("ray.train._internal.storage", "_FilesystemSyncer", "patched: its sync command"),
     Internal("ray.train._internal.storage:_FilesystemSyncer", "_sync_up_command", "patched: files copied whole",
              ("self", "local_path", "uri", "exclude")),
     Internal("ray.train._internal.storage:_FilesystemSyncer", "storage_filesystem", "read: local or not", kind="instance"),
+    Internal("ray.train._internal.storage:_FilesystemSyncer", "sync_up", "patched: a state left behind is not synced",
+             ("self", "local_dir", "remote_dir", "exclude")),
+    Internal("ray.train._internal.checkpoint_manager", "_delete_fs_path", "patched: renamed, then deleted",
+             ("fs", "fs_path")),
+    Internal("ray.train._internal.checkpoint_manager:_CheckpointManager", "_checkpoint_results",
+             "written: the checkpoints that are gone forgotten", kind="instance"),
+    Internal("ray.train._internal.checkpoint_manager:_CheckpointManager", "_latest_checkpoint_result",
+             "written: the newest checkpoint that exists", kind="instance"),
+    Internal("ray.tune.experiment:Trial", "from_json_state", "called: a state file's trials",
+             ("json_state", "stub")),
     Internal("ray.tune.execution.experiment_state", "_find_newest_experiment_checkpoint",
              "read: the state file a failed restore names", ("experiment_path", "fs")),
     Internal("ray.tune.impl.tuner_internal", "ExperimentAnalysis", "swapped during a restore: not built"),
@@ -331,11 +525,19 @@ ACTORS_KEPT = _patch("keep launching actors", "actors", _keep_launching_actors,
                      "TuneController._trial_to_actor", "TuneController._resetting_trials")
 FILES_COPIED_WHOLE = _patch("copy the experiment folder's files whole", None, _copy_changed_files_whole,
                             "storage._FilesystemSyncer", "_FilesystemSyncer._sync_up_command",
-                            "_FilesystemSyncer.storage_filesystem")
+                            "_FilesystemSyncer.storage_filesystem", "_FilesystemSyncer.sync_up",
+                            "TuneController.save_to_dir", "TuneController.experiment_state_file_name",
+                            "TuneController.CKPT_FILE_TMPL", "TuneController._storage",
+                            "checkpoint_manager._delete_fs_path")
 RESTORES_FAIL_LOUDLY = _patch("fail restores loudly", None, _fail_restores_loudly, "TuneController.resume",
-                              "TuneController._storage", "experiment_state._find_newest_experiment_checkpoint")
+                              "TuneController._storage", "experiment_state._find_newest_experiment_checkpoint",
+                              "Trial.from_json_state")
+CHECKPOINTS_THAT_EXIST = _patch("restore from a checkpoint that exists", None, _restore_from_checkpoints_that_exist,
+                                "TuneController._schedule_trial_restore", "_CheckpointManager._checkpoint_results",
+                                "_CheckpointManager._latest_checkpoint_result")
 ANALYSIS_LEFT_OUT = _patch("restore without the analysis", "analysis", lambda: None,
                            "tuner_internal.ExperimentAnalysis")
 FINISHED_TRIALS_RELEASED = _patch("release finished trials", "release", lambda: None, "Trial.run_metadata",
                                   "_TrainingRunMetadata.metric_n_steps")
-PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, ANALYSIS_LEFT_OUT, FINISHED_TRIALS_RELEASED)
+PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, CHECKPOINTS_THAT_EXIST, ANALYSIS_LEFT_OUT,
+           FINISHED_TRIALS_RELEASED)
