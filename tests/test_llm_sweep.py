@@ -298,6 +298,7 @@ def assert_trains_like_one_process(plan, uri: str, child, tmp_path: Path) -> Non
     assert any(not torch.equal(initial[k], one[k]) for k in one)
 
 
+@pytest.mark.slow  # the fast tier's killed-driver resume is test_sweep_e2e's (an RL sweep on SQLite)
 def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_process(ray_session, tmp_path,
                                                                                   monkeypatch, capfd):
     """The driver of a language-model sweep (llm_smoke's shape, one trial) SIGKILLed while its

@@ -9,7 +9,8 @@ Every process is started by the scripts and stopped by cluster/local/stop.sh by 
 (session); the fixture then checks that no process mentioning the state directory is left,
 and SIGKILLs any by pid.
 
-``haepo submit``'s checks that need no cluster are tests/test_jobs.py's.
+``haepo submit``'s checks that need no cluster are tests/test_jobs.py's. The whole module is
+the slow tier's (a cluster of its own and a killed node: 72 CPU-s of the 2-core machine).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from helpers import CLIENT_ENV_DROP, client_env, run_jobs_main, write_spec
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "cluster" / "local"
 WORKER_IPS = {"worker-1": "127.0.0.2", "worker-2": "127.0.0.3"}
+pytestmark = pytest.mark.slow
 
 
 # --------------------------------------------------------------------------- helpers
@@ -137,7 +139,6 @@ def _node_ids_by_ip(c: LocalCluster) -> dict[str, str]:
 
 # Slow tier: the node-loss test below submits a sweep the same way (without --follow), with a
 # trial on each worker, and checks the job, its listing and MLflow.
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_submit_runs_a_sweep_on_both_workers(cluster, tmp_path):
     """`haepo submit --follow` runs a 2-trial sweep as a Ray Job; the trials land on both

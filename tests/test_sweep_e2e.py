@@ -2,10 +2,10 @@
 
 - the smoke sweep (tune_configs/smoke.yaml): parent run, one child per trial with params,
   per-iteration metrics, tags, checkpoint; the printed best-trial summary matches MLflow;
-- a trial whose env raises once: retried from its checkpoint, one MLflow run (slow tier:
-  test_multinode's node loss proves it in the test command);
+- a trial whose env raises once: retried from its checkpoint, one MLflow run (the slow tier's
+  test_multinode kills a node under a trial too);
 - the driver killed mid-sweep (SIGKILL), then ``--resume``: every trial completes once, no
-  duplicate MLflow runs or steps (slow tier: test_postgres runs it in the test command).
+  duplicate MLflow runs or steps (the slow tier's test_postgres beside a second sweep on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -103,11 +103,10 @@ def _flaky_env(config):
     return FlakyChainEnv(**config)
 
 
-# Slow tier: test_multinode's test_sweep_survives_the_loss_of_a_worker_node fails a trial (its
-# node killed) and checks the same: retried by Tune from its last checkpoint (max_failures), not
-# from scratch, to the last iteration; one MLflow run, FINISHED, haepo.num_failures recorded,
-# every step logged once.
-@pytest.mark.slow
+# The fast tier's retry. Slow tier: test_multinode's test_sweep_survives_the_loss_of_a_worker_node
+# fails a trial (its node killed) and checks the same: retried by Tune from its last checkpoint
+# (max_failures), not from scratch, to the last iteration; one MLflow run, FINISHED,
+# haepo.num_failures recorded, every step logged once.
 def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypatch):
     from ray.tune.registry import register_env
 
@@ -156,10 +155,10 @@ def test_failed_trial_is_retried_from_checkpoint(ray_session, tmp_path, monkeypa
 
 # The RL sweep's metrics, without its step key (training_iteration): the writer learns what
 # is logged from what the spec logs, whatever it is.
-# Slow tier: test_postgres runs this sweep, killed and resumed, with these checks, beside a
-# second sweep logging at once (MLflow on PostgreSQL; CI installs it), and test_llm_sweep's
-# killed driver a language-model sweep on SQLite (re-read results and replayed updates).
-@pytest.mark.slow
+# The fast tier's killed-driver resume (MLflow on SQLite). Slow tier: test_postgres runs this
+# sweep, killed and resumed, with these checks, beside a second sweep logging at once (MLflow
+# on PostgreSQL; CI installs it), and test_llm_sweep's killed driver a language-model sweep on
+# SQLite (re-read results and replayed updates).
 def test_killed_driver_resumes_without_duplicates(ray_session, tmp_path, monkeypatch, capfd):
     """The driver of an RL sweep that logs no training_iteration, SIGKILLed mid-sweep, then
     resumed: every trial completes once, one MLflow run per trial, every (run, metric, step)

@@ -194,6 +194,7 @@ class ServerOutage(KillServerMidSweep):
         self._restarted()
 
 
+@pytest.mark.slow  # the fast tier's outage proof: test_tracking_server_killed_mid_sweep (below)
 def test_tracking_server_outage_loses_nothing(ray_session, mlflow_server, tmp_path, monkeypatch, caplog):
     """The server is killed mid-sweep, for longer than the retry budget (1 retry after 0.1 s),
     and started again: every trial's run holds every (metric, step) once, nothing is lost."""
