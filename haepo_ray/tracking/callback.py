@@ -20,7 +20,14 @@ What it writes (names in :mod:`haepo_ray.names`, forms in :mod:`haepo_ray.tracki
 
 Runs are found again, never duplicated: a resumed sweep finds its parent by the tag
 ``haepo.sweep_dir`` and every trial's child by ``haepo.trial_id``; after a driver crash, what
-the old driver had not written is recovered from each trial's ``result.json``.
+the old driver had not written is recovered from each trial's ``result.json``: every trial
+whose folder shows that it ran (results, a checkpoint) gets its run (found, or created if the
+old writer was too far behind to make it) and its rows on disk before Tune restores it, so that
+nothing it wrote is lost however far behind the killed writer was; the ``result.json`` of a
+trial MLflow holds as ended is not read. A trial restored from a checkpoint, or restarted from
+scratch for want of one, reports again steps it had reported: the rows of the killed attempt
+are kept, and those steps are dropped (counted in ``haepo.replayed_steps``), with or without an
+earlier MLflow run, so each (run, metric, step) is logged once, its first value.
 
 Logging never raises into Tune and never blocks it (:mod:`haepo_ray.tracking.writer`, with
 the retries of :mod:`haepo_ray.tracking.retry`). While MLflow cannot be reached, what waits
@@ -273,21 +280,30 @@ class MLflowSweepCallback(Callback):
             self._reconcile(trials)
 
     def _reconcile(self, trials) -> None:
-        """After a driver crash: what the old driver had queued but not written is recovered
-        from each trial's ``result.json`` (steps MLflow lacks), and trials that had finished
-        get their final status and checkpoint."""
+        """After a driver crash, before Tune restores any trial: what the old driver had queued
+        but not written is recovered from each trial's ``result.json``, and trials that had
+        finished get their final status and checkpoint.
+
+        Whether a trial ran is judged from its folder (results, a checkpoint), whatever its
+        status and whether or not MLflow holds a run of it: the old writer may have been too far
+        behind to create the run. Such a trial's run is found or created and its rows on disk
+        queued now, before Tune restores it, so that the steps it reports again are dropped.
+        A trial MLflow holds as finished or failed is not read (everything before its end was
+        written); one that never started has no folder to read."""
         for trial in trials:
             status = getattr(trial, "status", "")
-            if trial.trial_id not in self._earlier_runs and status not in ("TERMINATED", "ERROR"):
-                continue  # not started before the crash: its run is created when it starts
             logged = self._earlier_status.get(trial.trial_id)
             if logged in ("FINISHED", "FAILED"):
                 continue  # its end was written, so was everything queued before it
+            rows = results_on_disk(trial)
+            ran = bool(rows) or getattr(trial, "checkpoint", None) is not None
+            if not ran and trial.trial_id not in self._earlier_runs and status not in ("TERMINATED", "ERROR"):
+                continue  # not started before the crash: its run is created when it starts
             self._enqueue_start(trial)
-            for row in results_on_disk(trial):
+            for row in rows:
                 step = int(row.get(self.settings.step_key, 0) or 0)
                 ts = int(float(row.get("timestamp", time.time())) * 1000)
-                self._writer.put(Metrics(trial.trial_id, step, ts, select_metrics(row, self.settings.metrics)))
+                self._writer.put(Metrics(trial.trial_id, step, ts, self._values_of(trial, row)))
                 self._tag_result(trial, row)
             if status == "TERMINATED" and logged != "FINISHED":
                 self._enqueue_end(trial, "FINISHED")
@@ -312,14 +328,19 @@ class MLflowSweepCallback(Callback):
             return
         self._enqueue_start(trial)
         step = int(result.get(self.settings.step_key, 0) or 0)
+        self._writer.put(Metrics(trial.trial_id, step, int(time.time() * 1000), self._values_of(trial, result)))
+        self._tag_result(trial, result)
+
+    def _values_of(self, trial, result: Mapping[str, Any]) -> dict[str, float]:
+        """The metrics a result logs: those the spec selects, and its config's ``config_metrics``
+        (the result's config, which Tune also writes into ``result.json``, else the trial's)."""
         values = select_metrics(result, self.settings.metrics)
         config = result.get("config") or trial.config or {}
         for key in self.settings.config_metrics:
             value = config.get(key)
             if is_metric_value(value):
                 values[sanitize_key(f"config/{key}")] = float(value)
-        self._writer.put(Metrics(trial.trial_id, step, int(time.time() * 1000), values))
-        self._tag_result(trial, result)
+        return values
 
     def _tag_result(self, trial, result: Mapping[str, Any]) -> None:
         """Tags the trial's run with the node and provenance of a result, when they changed

@@ -1,0 +1,220 @@
+"""A resumed sweep whose killed driver's MLflow writer was behind (issue 44): every row Tune
+wrote to a trial's ``result.json`` reaches MLflow exactly once, whichever metric, whether or not
+the trial had an MLflow run, and whatever the tracking server did meanwhile:
+
+- a driver that had logged no run of its trial stops past the trial's checkpoint, and the
+  resume restores the trial from it (fast);
+- the repro: the server killed once the parent run exists, the driver killed once both trials
+  are past a checkpoint with no child run in MLflow, the server back, ``--resume`` (slow);
+- a trial actor killed while the server is down (slow);
+- the server down at the moment the trials start (slow);
+- the driver killed during the final flush, the sweep's trials all ended (slow).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from drivers import kill_driver_when, logged_rows, resume_driver, sweep_args
+from helpers import LOGGED, MLflowServer, sqlite_store
+from mlflow.tracking import MlflowClient
+from ray import tune
+
+from haepo_ray.sweep.kinds import parse_plan
+from haepo_ray.sweep.runner import run_sweep
+from haepo_ray.tracking import find_sweep_runs, select_metrics
+
+
+def spec(name: str, iterations: int, seeds=(0, 1), **overrides) -> dict:
+    """HAEPO on a 3-state chain, one trial per seed, both at once, checkpointed every 3
+    iterations, logging :data:`helpers.LOGGED` (the learner's metrics among them)."""
+    return {"name": name, "algorithm": "HAEPO", "env": "haepo/ChainMDP-v0", "env_config": {"length": 3, "horizon": 5},
+            "settings": {"num_env_runners": 0, "batch_size": 4, "model_config": {"fcnet_hiddens": [8]}},
+            "search": {"algorithm": "grid"}, "search_space": {"seed": {"grid": list(seeds)}},
+            "stop": {"iterations": iterations}, "max_concurrent_trials": 2, "reuse_actors": False,
+            "max_failures": 0, "checkpoint_frequency": 3, "checkpoint_at_end": True,
+            "tracking": {"metrics": LOGGED, "log_checkpoints": False}, **overrides}
+
+
+def rows_on_disk(run_dir: Path) -> dict[str, set]:
+    """trial id -> the (metric, step) rows its ``result.json`` holds (every attempt's), as
+    the sweep logs them."""
+    out: dict[str, set] = {}
+    for path in run_dir.glob("*/result.json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        out[rows[0]["trial_id"]] = {(key, int(row["training_iteration"]))
+                                    for row in rows for key in select_metrics(row, LOGGED)}
+    return out
+
+
+def check_every_row_once(uri: str, experiment: str, run_dir: Path, iterations: int) -> Counter:
+    """One parent, FINISHED; one FINISHED run per trial of ``run_dir``, holding each (metric,
+    step) of its ``result.json`` once and nothing else; every trial ran ``iterations``.
+    Returns the rows MLflow holds."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    parents = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    _, children = find_sweep_runs(uri, experiment, parents[0].info.run_id)
+    assert len(client.search_runs([exp.experiment_id])) == 1 + len(children), "runs outside the sweep"
+    run_of = {c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}
+    assert len(run_of) == len(children), "a trial with two runs"
+    assert all(c.info.status == "FINISHED" for c in children), [c.info.status for c in children]
+    summary = json.loads((run_dir / "haepo_summary.json").read_text())
+    assert [(t["status"], t["iterations"]) for t in summary["trials"]] == [("TERMINATED", iterations)] * len(run_of)
+    disk = rows_on_disk(run_dir)
+    assert sorted(disk) == sorted(run_of)
+    held = logged_rows(uri, experiment)
+    expected = Counter({(run_of[trial], key, step): 1 for trial, rows in disk.items() for key, step in rows})
+    missing = sorted(set(expected) - set(held))
+    twice = sorted(row for row, n in held.items() if n > 1)
+    extra = sorted(set(held) - set(expected))
+    assert (len(missing), len(twice), len(extra)) == (0, 0, 0), (
+        f"{len(missing)} of {len(expected)} rows missing (first {missing[:5]}), {len(twice)} twice "
+        f"(first {twice[:5]}), {len(extra)} not on disk (first {extra[:5]})")
+    steps = {step for _, _, step in expected}
+    assert steps == set(range(1, iterations + 1))
+    return held
+
+
+def restored_from_checkpoint(run_dir: Path) -> list[bool]:
+    """Per trial: its last result came after a restore from a checkpoint (not from scratch)."""
+    last = [json.loads(p.read_text().splitlines()[-1]) for p in sorted(run_dir.glob("*/result.json"))]
+    return [0 < r["iterations_since_restore"] < r["training_iteration"] for r in last]
+
+
+class DriverCrash(Exception):
+    pass
+
+
+class CrashPastACheckpoint(tune.Callback):
+    """Raises out of Tune's loop (a driver's crash: Tune stops where it is, its trials RUNNING in
+    its state) once the state on storage has every trial of the sweep past its first checkpoint
+    (iteration 3) and short of ``iterations``."""
+
+    def __init__(self, results: Path, experiment: str, trials: int, iterations: int):
+        self.results, self.experiment, self.trials, self.iterations = results, experiment, trials, iterations
+        self.seen: dict[str, int] = {}
+
+    def on_step_begin(self, iteration, trials, **info):
+        self.seen = state_iterations(self.results, self.experiment)
+        if len(self.seen) == self.trials and all(3 < it < self.iterations for it in self.seen.values()):
+            raise DriverCrash(self.seen)
+
+
+def test_a_trial_that_ran_without_an_mlflow_run_gets_its_rows_on_disk(ray_session, tmp_path, monkeypatch):
+    """A driver that logged nothing to MLflow (as a killed one whose writer had created no run)
+    stops mid-trial, past a checkpoint; the resume restores the trial from it: its run holds every
+    row of ``result.json`` once, those before the checkpoint too, every metric."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0")  # Tune's state on storage at every step
+    plan = parse_plan(spec("untracked", 8, seeds=(0,)), "untracked.yaml")
+    results = tmp_path / "results"
+    crash = CrashPastACheckpoint(results, "untracked", 1, 8)
+    with pytest.raises(DriverCrash):
+        run_sweep(plan, track=False, storage_path=str(results), out=io.StringIO(), verbose=0,
+                  extra_callbacks=[crash])
+    (run_dir,) = results.glob("untracked/*")
+    assert rows_on_disk(run_dir) and list(run_dir.glob("*/checkpoint_*")), "the trial had no checkpoint"
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    run_sweep(plan, tracking_uri=uri, storage_path=str(results), out=io.StringIO(), verbose=0, resume=True)
+    assert restored_from_checkpoint(run_dir) == [True]
+    check_every_row_once(uri, "untracked", run_dir, 8)
+
+
+# --------------------------------------------------------------------------- driver, server, trial kills
+
+
+def child_runs_in(db: Path, experiment: str) -> int:
+    """Child runs of ``experiment`` in the server's SQLite store."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        return conn.execute(
+            "select count(*) from tags t join runs r on r.run_uuid = t.run_uuid join experiments e on "
+            "e.experiment_id = r.experiment_id where t.key = 'mlflow.parentRunId' and e.name = ?",
+            (experiment,)).fetchone()[0]
+
+
+def parent_exists(db: Path, experiment: str) -> bool:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute(
+                "select count(*) from tags t join runs r on r.run_uuid = t.run_uuid join experiments e on "
+                "e.experiment_id = r.experiment_id where t.key = 'haepo.role' and t.value = 'sweep' and e.name = ?",
+                (experiment,)).fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
+def state_iterations(results: Path, experiment: str) -> dict[str, int]:
+    """trial id -> the iteration of its last result in the newest experiment state on storage
+    (what a resume restores: past a checkpoint's iteration, the state names that checkpoint)."""
+    states = sorted(results.glob(f"{experiment}/*/experiment_state-*.json"))
+    if not states:
+        return {}
+    try:
+        data = json.loads(states[-1].read_text())
+    except (OSError, ValueError):
+        return {}  # being written
+    out = {}
+    for trial_json, runtime_json in data["trial_data"]:
+        last = json.loads(runtime_json).get("last_result") or {}
+        out[json.loads(trial_json)["trial_id"]] = int(last.get("training_iteration") or 0)
+    return out
+
+
+@pytest.fixture
+def lagging(monkeypatch):
+    """Env of the drivers: retried calls give up fast on a dead server (each is held for
+    later, whatever the retries), and Tune snapshots its state every second, so that a kill
+    lands after a snapshot that names the trials' checkpoints."""
+    monkeypatch.setenv("HAEPO_MLFLOW_RETRIES", "0")
+    monkeypatch.setenv("HAEPO_MLFLOW_TIMEOUT_S", "10")
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "1")
+
+
+@pytest.mark.slow
+def test_driver_killed_while_the_tracker_lags(ray_session, lagging, tmp_path, monkeypatch, capfd):
+    """The repro of issue 44: the server killed right after the parent run exists; the driver
+    SIGKILLed once both trials are past their first checkpoint (in Tune's state on storage)
+    with no child run in MLflow; the server started again; ``--resume``. Tune restores both
+    trials from a checkpoint; MLflow then holds every row of their ``result.json`` once."""
+    experiment, iterations = "lagged", 12
+    server = MLflowServer(tmp_path / "server")
+    try:
+        data = spec(experiment, iterations)
+        data["settings"]["min_time_s_per_iteration"] = 1.0  # a window of seconds for the kill
+        path = tmp_path / f"{experiment}.yaml"
+        path.write_text(json.dumps(data))
+        results = tmp_path / "results"
+        args = sweep_args(path, server.uri, results, ray_session.get_runtime_context().gcs_address)
+        seen: dict[str, int] = {}
+
+        def ready() -> bool:
+            if server.proc.poll() is None:
+                if parent_exists(server.db, experiment):
+                    server.stop()
+                return False
+            seen.clear()
+            seen.update(state_iterations(results, experiment))
+            return len(seen) == 2 and all(3 < it < iterations for it in seen.values())
+
+        kill_driver_when(args, tmp_path, ready)
+        assert child_runs_in(server.db, experiment) == 0, "the writer was not behind"
+        assert len(seen) == 2 and all(3 < it < iterations for it in seen.values()), seen
+        server.start()
+        monkeypatch.chdir(tmp_path)
+        resume_driver(args, monkeypatch, capfd)
+        (run_dir,) = results.glob(f"{experiment}/*")
+        assert restored_from_checkpoint(run_dir) == [True, True]
+        check_every_row_once(server.uri, experiment, run_dir, iterations)
+    finally:
+        server.kill()
