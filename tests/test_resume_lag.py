@@ -7,7 +7,7 @@ the trial had an MLflow run, and whatever the tracking server did meanwhile:
 - the repro: the server killed once the parent run exists, the driver killed once both trials
   are past a checkpoint with no child run in MLflow, the server back, ``--resume`` (slow);
 - a trial actor killed while the server is down (slow);
-- the server down at the moment the trials start (slow);
+- the server down at the moment a trial starts (slow);
 - the driver killed during the final flush, the sweep's trials all ended (slow).
 """
 
@@ -20,6 +20,8 @@ import signal
 import sqlite3
 import time
 from collections import Counter
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from drivers import kill_driver_when, logged_rows, resume_driver, sweep_args
 from helpers import LOGGED, MLflowServer, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import tune
+from test_tracking_callback import ServerOutage
 
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import run_sweep
@@ -154,21 +157,27 @@ def parent_exists(db: Path, experiment: str) -> bool:
         return False
 
 
-def state_iterations(results: Path, experiment: str) -> dict[str, int]:
-    """trial id -> the iteration of its last result in the newest experiment state on storage
-    (what a resume restores: past a checkpoint's iteration, the state names that checkpoint)."""
+def state_trials(results: Path, experiment: str) -> dict[str, tuple[str, int]]:
+    """trial id -> (status, iteration of its last result) in the newest experiment state on
+    storage, what a resume restores (past a checkpoint's iteration, the state names that
+    checkpoint); {} while there is none or it is being written."""
     states = sorted(results.glob(f"{experiment}/*/experiment_state-*.json"))
     if not states:
         return {}
     try:
         data = json.loads(states[-1].read_text())
     except (OSError, ValueError):
-        return {}  # being written
+        return {}
     out = {}
     for trial_json, runtime_json in data["trial_data"]:
-        last = json.loads(runtime_json).get("last_result") or {}
-        out[json.loads(trial_json)["trial_id"]] = int(last.get("training_iteration") or 0)
+        trial, last = json.loads(trial_json), json.loads(runtime_json).get("last_result") or {}
+        out[trial["trial_id"]] = (trial["status"], int(last.get("training_iteration") or 0))
     return out
+
+
+def state_iterations(results: Path, experiment: str) -> dict[str, int]:
+    """trial id -> the iteration of its last result in Tune's newest state on storage."""
+    return {trial: it for trial, (_, it) in state_trials(results, experiment).items()}
 
 
 @pytest.fixture
@@ -216,5 +225,145 @@ def test_driver_killed_while_the_tracker_lags(ray_session, lagging, tmp_path, mo
         (run_dir,) = results.glob(f"{experiment}/*")
         assert restored_from_checkpoint(run_dir) == [True, True]
         check_every_row_once(server.uri, experiment, run_dir, iterations)
+    finally:
+        server.kill()
+
+
+@pytest.mark.slow
+def test_driver_killed_during_the_final_flush(ray_session, lagging, tmp_path, monkeypatch, capfd):
+    """The server killed right after the parent run exists; the driver SIGKILLed once every
+    trial has ended (Tune's final state on storage) while its writer waits at the sweep's end
+    for the server; the server back, ``--resume``: Tune has no trial left to run, and MLflow
+    gets every row, every run's end and the parent's, once."""
+    experiment, iterations = "flushed", 6
+    server = MLflowServer(tmp_path / "server")
+    try:
+        path = tmp_path / f"{experiment}.yaml"
+        path.write_text(json.dumps(spec(experiment, iterations)))
+        results = tmp_path / "results"
+        args = sweep_args(path, server.uri, results, ray_session.get_runtime_context().gcs_address)
+        ended_at: list[float] = []
+
+        def ready() -> bool:
+            if server.proc.poll() is None:
+                if parent_exists(server.db, experiment):
+                    server.stop()
+                return False
+            state = state_trials(results, experiment)
+            if not ended_at and len(state) == 2 and set(state.values()) == {("TERMINATED", iterations)}:
+                ended_at.append(time.monotonic())
+            return bool(ended_at) and time.monotonic() - ended_at[0] > 3  # in the end's wait
+
+        # The end waits up to 120 s for the server (HAEPO_MLFLOW_CLOSE_TIMEOUT_S): the kill lands in it.
+        kill_driver_when(args, tmp_path, ready)
+        (run_dir,) = results.glob(f"{experiment}/*")
+        assert not (run_dir / "haepo_summary.json").exists(), "the sweep had ended"
+        assert child_runs_in(server.db, experiment) == 0, "the writer was not behind"
+        server.start()
+        monkeypatch.chdir(tmp_path)
+        resume_driver(args, monkeypatch, capfd)
+        check_every_row_once(server.uri, experiment, run_dir, iterations)
+    finally:
+        server.kill()
+
+
+class TrialKilledInOutage(ServerOutage):
+    """:class:`ServerOutage` (the server killed at the first result once it stored a child's
+    metrics, started again after ``results_during`` results without it), and meanwhile, at the
+    first result past a checkpoint (iteration 4), that trial's actor SIGKILLed."""
+
+    def __init__(self, server: MLflowServer, experiment: str, results_during: int):
+        super().__init__(server, experiment, results_during)
+        self.actor_killed: tuple[str, int, bool] | None = None  # trial id, iteration, server down
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        super().on_trial_result(iteration, trials, trial, result, **info)
+        if self.killed_at is not None and self.actor_killed is None and result["training_iteration"] >= 4:
+            self.actor_killed = (trial.trial_id, result["training_iteration"],
+                                 self.restart is None and self.server.proc.poll() is not None)
+            os.kill(result["pid"], signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_trial_killed_during_an_outage(ray_session, tmp_path, monkeypatch):
+    """A trial's actor SIGKILLed past its first checkpoint while the server is down: Tune
+    retries it from the checkpoint, it reports some steps again, the server comes back; its
+    run holds each row of ``result.json`` once and counts the failure."""
+    monkeypatch.chdir(tmp_path)
+    experiment, iterations = "actor", 10
+    server = MLflowServer(tmp_path / "server")
+    try:
+        outage = TrialKilledInOutage(server, experiment, results_during=10)
+        plan = parse_plan(spec(experiment, iterations, max_failures=1), f"{experiment}.yaml")
+        result = run_sweep(plan, tracking_uri=server.uri, storage_path=str(tmp_path / "results"),
+                           out=io.StringIO(), verbose=0, extra_callbacks=[outage],
+                           callback_kwargs={"retries": 0, "timeout_s": 15, "close_timeout_s": 60})
+        assert outage.actor_killed is not None and outage.actor_killed[2], outage.actor_killed
+        outage.restart.result(timeout=0)
+        killed = outage.actor_killed[0]
+        assert {t.trial_id: t.num_failures for t in result.trials}[killed] == 1
+        run_dir = Path(result.run_dir)
+        restored = dict(zip(sorted(p.parent.name for p in run_dir.glob("*/result.json")),
+                            restored_from_checkpoint(run_dir)))
+        assert [v for k, v in restored.items() if killed in k] == [True]
+        check_every_row_once(server.uri, experiment, run_dir, iterations)
+        client = MlflowClient(server.uri)
+        run = client.get_run({t.trial_id: t.run_id for t in result.trials}[killed])
+        assert run.data.tags["haepo.num_failures"] == "1" and int(run.data.tags["haepo.replayed_steps"]) >= 1
+    finally:
+        server.kill()
+
+
+class ServerDownAtStart(tune.Callback):
+    """Kills the server when the first trial ends (the second has not started: one trial at a
+    time) and starts it again, on a thread, once the second trial reported ``results_during``
+    results; records whether the server was down when the second trial started."""
+
+    def __init__(self, server: MLflowServer, results_during: int):
+        self.server, self.results_during = server, results_during
+        self.down_at_start: bool | None = None
+        self.results = 0
+        self.restart: Future | None = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("server", "restart")}
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if self.down_at_start is None:
+            self.server.stop()
+        elif self.restart is not None:
+            futures.wait([self.restart])
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        if any(t.status == "TERMINATED" for t in trials):
+            self.down_at_start = self.server.proc.poll() is not None
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.down_at_start is None:
+            return
+        self.results += 1
+        if self.results == self.results_during:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-restart")
+            self.restart = pool.submit(self.server.start)
+            pool.shutdown(wait=False)
+
+
+@pytest.mark.slow
+def test_server_down_when_a_trial_starts(ray_session, tmp_path, monkeypatch):
+    """The server is down when a trial starts (its run cannot be created then) and comes back
+    while it runs: its run is created once and holds each row of ``result.json`` once."""
+    monkeypatch.chdir(tmp_path)
+    experiment, iterations = "startless", 6
+    server = MLflowServer(tmp_path / "server")
+    try:
+        down = ServerDownAtStart(server, results_during=3)
+        plan = parse_plan(spec(experiment, iterations, max_concurrent_trials=1), f"{experiment}.yaml")
+        result = run_sweep(plan, tracking_uri=server.uri, storage_path=str(tmp_path / "results"),
+                           out=io.StringIO(), verbose=0, extra_callbacks=[down],
+                           callback_kwargs={"retries": 0, "timeout_s": 15, "close_timeout_s": 60})
+        assert down.down_at_start is True and down.restart is not None
+        down.restart.result(timeout=0)
+        assert not result.not_logged
+        check_every_row_once(server.uri, experiment, Path(result.run_dir), iterations)
     finally:
         server.kill()

@@ -290,12 +290,15 @@ class MLflowSweepCallback(Callback):
         queued now, before Tune restores it, so that the steps it reports again are dropped.
         A trial MLflow holds as finished or failed is not read (everything before its end was
         written); one that never started has no folder to read."""
+        began, looked, recovered = time.perf_counter(), 0, 0
         for trial in trials:
             status = getattr(trial, "status", "")
             logged = self._earlier_status.get(trial.trial_id)
             if logged in ("FINISHED", "FAILED"):
                 continue  # its end was written, so was everything queued before it
             rows = results_on_disk(trial)
+            looked += 1
+            recovered += bool(rows)
             ran = bool(rows) or getattr(trial, "checkpoint", None) is not None
             if not ran and trial.trial_id not in self._earlier_runs and status not in ("TERMINATED", "ERROR"):
                 continue  # not started before the crash: its run is created when it starts
@@ -309,6 +312,8 @@ class MLflowSweepCallback(Callback):
                 self._enqueue_end(trial, "FINISHED")
             elif status == "ERROR" and logged != "FAILED":
                 self._enqueue_end(trial, "FAILED")
+        logger.info("MLflow: resume looked into %d of %d trials' folders, re-read the results of %d, in %.2f s",
+                    looked, len(trials), recovered, time.perf_counter() - began)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self._enqueue_start(trial)
