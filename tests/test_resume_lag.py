@@ -19,13 +19,12 @@ import os
 import signal
 import sqlite3
 import time
-from collections import Counter
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from drivers import kill_driver_when, logged_rows, resume_driver, sweep_args
+from drivers import kill_driver_when, resume_driver, sweep_args
 from helpers import LOGGED, MLflowServer, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import tune
@@ -33,7 +32,7 @@ from test_tracking_callback import ServerOutage
 
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import run_sweep
-from haepo_ray.tracking import find_sweep_runs, select_metrics
+from haepo_ray.tracking.audit import audit_sweep, rows_on_disk
 
 
 def spec(name: str, iterations: int, seeds=(0, 1), **overrides) -> dict:
@@ -47,45 +46,19 @@ def spec(name: str, iterations: int, seeds=(0, 1), **overrides) -> dict:
             "tracking": {"metrics": LOGGED, "log_checkpoints": False}, **overrides}
 
 
-def rows_on_disk(run_dir: Path) -> dict[str, set]:
-    """trial id -> the (metric, step) rows its ``result.json`` holds (every attempt's), as
-    the sweep logs them."""
-    out: dict[str, set] = {}
-    for path in run_dir.glob("*/result.json"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        out[rows[0]["trial_id"]] = {(key, int(row["training_iteration"]))
-                                    for row in rows for key in select_metrics(row, LOGGED)}
-    return out
-
-
-def check_every_row_once(uri: str, experiment: str, run_dir: Path, iterations: int) -> Counter:
+def check_every_row_once(uri: str, experiment: str, run_dir: Path, iterations: int) -> None:
     """One parent, FINISHED; one FINISHED run per trial of ``run_dir``, holding each (metric,
-    step) of its ``result.json`` once and nothing else; every trial ran ``iterations``.
-    Returns the rows MLflow holds."""
+    step) of its ``result.json`` once and nothing else (:func:`audit_sweep`); every trial ran
+    ``iterations``, and its rows on disk hold each of those steps."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
-    parents = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
-    assert [p.info.status for p in parents] == ["FINISHED"]
-    _, children = find_sweep_runs(uri, experiment, parents[0].info.run_id)
-    assert len(client.search_runs([exp.experiment_id])) == 1 + len(children), "runs outside the sweep"
-    run_of = {c.data.tags["haepo.trial_id"]: c.info.run_id for c in children}
-    assert len(run_of) == len(children), "a trial with two runs"
-    assert all(c.info.status == "FINISHED" for c in children), [c.info.status for c in children]
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
+    audit = audit_sweep(client, exp.experiment_id, parent.info.run_id, run_dir, LOGGED)
+    assert audit.ok, audit.summary()
     summary = json.loads((run_dir / "haepo_summary.json").read_text())
-    assert [(t["status"], t["iterations"]) for t in summary["trials"]] == [("TERMINATED", iterations)] * len(run_of)
-    disk = rows_on_disk(run_dir)
-    assert sorted(disk) == sorted(run_of)
-    held = logged_rows(uri, experiment)
-    expected = Counter({(run_of[trial], key, step): 1 for trial, rows in disk.items() for key, step in rows})
-    missing = sorted(set(expected) - set(held))
-    twice = sorted(row for row, n in held.items() if n > 1)
-    extra = sorted(set(held) - set(expected))
-    assert (len(missing), len(twice), len(extra)) == (0, 0, 0), (
-        f"{len(missing)} of {len(expected)} rows missing (first {missing[:5]}), {len(twice)} twice "
-        f"(first {twice[:5]}), {len(extra)} not on disk (first {extra[:5]})")
-    steps = {step for _, _, step in expected}
-    assert steps == set(range(1, iterations + 1))
-    return held
+    assert [(t["status"], t["iterations"]) for t in summary["trials"]] == [("TERMINATED", iterations)] * len(audit.runs)
+    for rows in rows_on_disk(run_dir, LOGGED).values():
+        assert {step for _, step in rows} == set(range(1, iterations + 1))
 
 
 def restored_from_checkpoint(run_dir: Path) -> list[bool]:
@@ -98,40 +71,70 @@ class DriverCrash(Exception):
     pass
 
 
-class CrashPastACheckpoint(tune.Callback):
+class CrashBetween(tune.Callback):
     """Raises out of Tune's loop (a driver's crash: Tune stops where it is, its trials RUNNING in
-    its state) once the state on storage has every trial of the sweep past its first checkpoint
-    (iteration 3) and short of ``iterations``."""
+    its state) once the state on storage has every one of ``trials`` trials at an iteration
+    strictly between ``low`` and ``high``."""
 
-    def __init__(self, results: Path, experiment: str, trials: int, iterations: int):
-        self.results, self.experiment, self.trials, self.iterations = results, experiment, trials, iterations
-        self.seen: dict[str, int] = {}
+    def __init__(self, results: Path, experiment: str, trials: int, low: int, high: int):
+        self.results, self.experiment, self.trials, self.low, self.high = results, experiment, trials, low, high
 
     def on_step_begin(self, iteration, trials, **info):
-        self.seen = state_iterations(self.results, self.experiment)
-        if len(self.seen) == self.trials and all(3 < it < self.iterations for it in self.seen.values()):
-            raise DriverCrash(self.seen)
+        seen = state_iterations(self.results, self.experiment)
+        if len(seen) == self.trials and all(self.low < it < self.high for it in seen.values()):
+            raise DriverCrash(seen)
+
+
+def crashed_untracked(tmp_path: Path, monkeypatch, name: str, low: int, high: int):
+    """A one-trial sweep of 8 iterations (a checkpoint every 3) that logs nothing to MLflow, as
+    a killed driver whose writer had created no run, crashed at an iteration between ``low`` and
+    ``high``: its plan, results folder and run folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0")  # Tune's state on storage at every step
+    plan = parse_plan(spec(name, 8, seeds=(0,)), f"{name}.yaml")
+    results = tmp_path / "results"
+    with pytest.raises(DriverCrash):
+        run_sweep(plan, track=False, storage_path=str(results), out=io.StringIO(), verbose=0,
+                  extra_callbacks=[CrashBetween(results, name, 1, low, high)])
+    (run_dir,) = results.glob(f"{name}/*")
+    return plan, results, run_dir
 
 
 def test_a_trial_that_ran_without_an_mlflow_run_gets_its_rows_on_disk(ray_session, tmp_path, monkeypatch):
-    """A driver that logged nothing to MLflow (as a killed one whose writer had created no run)
-    stops mid-trial, past a checkpoint; the resume restores the trial from it: its run holds every
-    row of ``result.json`` once, those before the checkpoint too, every metric."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0")  # Tune's state on storage at every step
-    plan = parse_plan(spec("untracked", 8, seeds=(0,)), "untracked.yaml")
-    results = tmp_path / "results"
-    crash = CrashPastACheckpoint(results, "untracked", 1, 8)
-    with pytest.raises(DriverCrash):
-        run_sweep(plan, track=False, storage_path=str(results), out=io.StringIO(), verbose=0,
-                  extra_callbacks=[crash])
-    (run_dir,) = results.glob("untracked/*")
-    assert rows_on_disk(run_dir) and list(run_dir.glob("*/checkpoint_*")), "the trial had no checkpoint"
+    """A driver that logged nothing to MLflow stops mid-trial, past a checkpoint; the resume
+    restores the trial from it: its run holds every row of ``result.json`` once, those before
+    the checkpoint too, every metric."""
+    plan, results, run_dir = crashed_untracked(tmp_path, monkeypatch, "untracked", 3, 8)
+    assert rows_on_disk(run_dir, LOGGED) and list(run_dir.glob("*/checkpoint_*")), "the trial had no checkpoint"
 
     uri = sqlite_store(tmp_path / "mlflow.db")
     run_sweep(plan, tracking_uri=uri, storage_path=str(results), out=io.StringIO(), verbose=0, resume=True)
     assert restored_from_checkpoint(run_dir) == [True]
     check_every_row_once(uri, "untracked", run_dir, 8)
+
+
+@pytest.mark.slow
+def test_a_trial_restarted_from_scratch_keeps_its_first_attempts_rows(ray_session, tmp_path, monkeypatch):
+    """The rule for a trial with no checkpoint: a driver that logged nothing stops before the
+    trial's first checkpoint; the resume starts it again from scratch and it reports steps 1..k
+    again. Its run keeps the killed attempt's rows (read from ``result.json``: their
+    ``time_total_s``), drops the repeated steps (counted in ``haepo.replayed_steps``), and holds
+    each row once."""
+    plan, results, run_dir = crashed_untracked(tmp_path, monkeypatch, "scratch", 0, 3)
+    assert not list(run_dir.glob("*/checkpoint_*")), "the trial had a checkpoint"
+    (path,) = run_dir.glob("*/result.json")
+    first = [json.loads(line) for line in path.read_text().splitlines()]
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    result = run_sweep(plan, tracking_uri=uri, storage_path=str(results), out=io.StringIO(), verbose=0, resume=True)
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["iterations_since_restore"] == last["training_iteration"] == 8  # from scratch
+    check_every_row_once(uri, "scratch", run_dir, 8)
+    client = MlflowClient(uri)
+    run_id = result.trials[0].run_id
+    held = {m.step: m.value for m in client.get_metric_history(run_id, "time_total_s")}
+    assert [held[row["training_iteration"]] for row in first] == [row["time_total_s"] for row in first]
+    assert int(client.get_run(run_id).data.tags["haepo.replayed_steps"]) == len(first)
 
 
 # --------------------------------------------------------------------------- driver, server, trial kills

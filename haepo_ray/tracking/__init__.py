@@ -10,7 +10,8 @@ logged from the Tune driver.
   :mod:`~haepo_ray.tracking.sweep_runs` what each message does to MLflow's runs;
 - :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
 - :mod:`~haepo_ray.tracking.run`: one run without a parent (``haepo train``);
-- :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again.
+- :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again;
+- :mod:`~haepo_ray.tracking.audit`: a sweep's rows on disk against MLflow (fault tests, chaos bench).
 
 The callback (it subclasses Ray Tune's) loads on first use, so that readers of a store
 (``haepo report``, ``haepo llm eval-form``) import no Ray.
