@@ -4,6 +4,8 @@ the trial had an MLflow run, and whatever the tracking server did meanwhile:
 
 - a driver that had logged no run of its trial stops past the trial's checkpoint, and the
   resume restores the trial from it (fast);
+- the same, stopped before the trial's first checkpoint: the resume restarts it from scratch,
+  and its run keeps the killed attempt's rows (slow);
 - the repro: the server killed once the parent run exists, the driver killed once both trials
   are past a checkpoint with no child run in MLflow, the server back, ``--resume`` (slow);
 - a trial actor killed while the server is down (slow);
