@@ -7,9 +7,10 @@ per trial (:func:`haepo_ray.tracking.audit.audit_sweep`).
     python bench/chaos.py --seed 0 --events 50 --trials 96 --iterations 40   # the long form
 
 The sweep: HAEPO on the 5-state chain MDP (tune_configs/smoke.yaml's), one trial per seed,
-``--slots`` at once on the driver's own Ray, iterations of at least 0.5 s, a checkpoint every 3,
-``max_failures`` 20. Each event comes ``--min-gap``..``--max-gap`` s after the one before; the
-first three are one of each kind, in a random order, the rest random:
+``--slots`` at once on the driver's own Ray, iterations of at least ``--iteration-s`` (1 s: the
+sweep outlasts its events), a checkpoint every 3, ``max_failures`` 20. Each event comes
+``--min-gap``..``--max-gap`` s after the one before; the first three are one of each kind, in a
+random order, the rest random:
 
 - ``driver``: SIGKILL of the driver's process group (and the Ray processes it started); then
   `haepo sweep --resume`, started once the server answers (a driver that starts while MLflow
@@ -52,13 +53,13 @@ EXPERIMENT = "chaos"
 KINDS = ("driver", "trial", "server")
 
 
-def spec(trials: int, iterations: int, slots: int) -> dict:
+def spec(trials: int, iterations: int, slots: int, iteration_s: float) -> dict:
     data = yaml.safe_load((REPO / "tune_configs" / "smoke.yaml").read_text())
     data.update(name=EXPERIMENT, search_space={"seed": {"grid": list(range(trials))}, "lr": {"grid": [0.05]}},
                 stop={"iterations": iterations}, checkpoint_frequency=3, max_failures=20,
                 max_concurrent_trials=slots, reuse_actors=False, ray={"num_cpus": slots},
                 tracking={"metrics": LOGGED, "log_checkpoints": False})
-    data["settings"]["min_time_s_per_iteration"] = 0.5
+    data["settings"]["min_time_s_per_iteration"] = iteration_s
     return data
 
 
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--slots", type=int, default=2, help="trials at once (the driver's Ray CPUs)")
+    parser.add_argument("--iteration-s", type=float, default=1.0, help="least seconds of an iteration")
     parser.add_argument("--min-gap", type=float, default=3.0, help="least seconds between two events")
     parser.add_argument("--max-gap", type=float, default=12.0, help="most seconds between two events")
     parser.add_argument("--outage-min", type=float, default=5.0, help="least seconds the server stays down")
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = (args.out or Path(tempfile.mkdtemp(prefix="haepo-chaos-"))).resolve()
     (out / "server").mkdir(parents=True, exist_ok=True)
-    (out / "spec.yaml").write_text(yaml.safe_dump(spec(args.trials, args.iterations, args.slots)))
+    (out / "spec.yaml").write_text(yaml.safe_dump(spec(args.trials, args.iterations, args.slots, args.iteration_s)))
     draw = random.Random(args.seed)
     kinds = schedule(draw, args.events)
     chaos = Chaos(out, args, draw)

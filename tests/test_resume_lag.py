@@ -56,7 +56,7 @@ def check_every_row_once(uri: str, experiment: str, run_dir: Path, iterations: i
     exp = client.get_experiment_by_name(experiment)
     (parent,) = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
     audit = audit_sweep(client, exp.experiment_id, parent.info.run_id, run_dir, LOGGED)
-    assert audit.ok, audit.summary()
+    assert audit.ok and not audit.extra, audit.summary()
     summary = json.loads((run_dir / "haepo_summary.json").read_text())
     assert [(t["status"], t["iterations"]) for t in summary["trials"]] == [("TERMINATED", iterations)] * len(audit.runs)
     for rows in rows_on_disk(run_dir, LOGGED).values():
