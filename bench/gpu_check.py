@@ -14,8 +14,9 @@ tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
 The configurations (:data:`CONFIGS`): those settings as given (micro-batches of 4), the whole
 update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpointing, static
 decoding (``decoding`` static: a static KV cache, whose decode step transformers compiles on
-CUDA; timed after the first run, which compiles), and a planned fit (HAEPO only: :class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one
-pass against :data:`PLAN_GIB` of memory, and the step runs with its choice).
+CUDA; timed after the first run, which compiles), and a planned fit (HAEPO only:
+:class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one pass against
+:data:`PLAN_GIB` of memory, and the step runs with its choice).
 
 Per algorithm, on ``--device cuda``:
 

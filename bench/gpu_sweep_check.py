@@ -167,9 +167,11 @@ def row_rl_learners(check: Check) -> dict[str, Any]:
     runs = check.runs("rl_learners")
     expected = "cuda" if check.cuda else "cpu"
     gpu_runs = [r for r in runs if _gpu_learner(r)]
-    expected_runs = len(spec["search_space"]["seed"]["grid"]) * len(spec["search_space"]["num_gpus_per_learner"]["grid"])
-    trials = [{"trial": r.data.tags.get(names.TRIAL_NAME), "gpus_per_learner": r.data.params.get("num_gpus_per_learner"),
-               "status": r.info.status, "learner": r.data.tags.get(names.DEVICE_LEARNER),
+    space = spec["search_space"]
+    expected_runs = len(space["seed"]["grid"]) * len(space["num_gpus_per_learner"]["grid"])
+    trials = [{"trial": r.data.tags.get(names.TRIAL_NAME),
+               "gpus_per_learner": r.data.params.get("num_gpus_per_learner"), "status": r.info.status,
+               "learner": r.data.tags.get(names.DEVICE_LEARNER),
                "env_runner": r.data.tags.get(names.DEVICE_ENV_RUNNER),
                "ray_gpu_ids": r.data.tags.get(names.DEVICE_RAY_GPU_IDS)} for r in runs]
     wrong = [t for t, r in zip(trials, runs, strict=True) if _gpu_learner(r)
