@@ -38,6 +38,7 @@ MAX_WEIGHT = f"{LEARNER}/max_weight"
 LLM_UPDATE = "update"  # the RL update: the step of LM trials (survives a restart from checkpoint)
 LLM_REWARD = "reward_mean"
 LLM_ROUGE_L = "rouge_l"
+LLM_ROUGE_2 = "rouge_2"
 LLM_SEMANTIC_SIMILARITY = "semantic_similarity"
 LLM_PROFANITY_RATE = "profanity_rate"
 LLM_COMPLETION_LENGTH = "completion_length"
@@ -58,7 +59,10 @@ LLM_EVAL_MODES = ("greedy", "sampled")
 LLM_TOKEN_F1 = "token_f1"
 LLM_LENGTH_CLOSENESS = "length_closeness"
 LLM_EVAL_METRICS = (LLM_REWARD, LLM_TOKEN_F1, LLM_SEMANTIC_SIMILARITY, LLM_LENGTH_CLOSENESS, LLM_ROUGE_L,
-                    LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE, LLM_KL)
+                    LLM_ROUGE_2, LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE, LLM_KL)
+# The SFT start's held-out evaluation (settings eval_start), before the first RL update: in that
+# update's row as "eval_start/<mode>/<metric>", in generations.jsonl as update 0.
+LLM_EVAL_START = "eval_start"
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.kinds.rl.trainable).
@@ -118,6 +122,7 @@ DEVICE_CUDA_VISIBLE = "haepo.device.cuda_visible_devices"  # its CUDA_VISIBLE_DE
 PROVENANCE_PREFIXES = ("haepo.code.", "haepo.machine.", "haepo.version.", "haepo.device.")
 
 
-def llm_eval(metric: str, mode: str = "greedy") -> str:
-    """``reward_mean`` -> ``eval/greedy/reward_mean``: a held-out metric's key."""
-    return f"{LLM_EVAL}/{mode}/{metric}"
+def llm_eval(metric: str, mode: str = "greedy", at: str = LLM_EVAL) -> str:
+    """``reward_mean`` -> ``eval/greedy/reward_mean``: a held-out metric's key (``at``
+    :data:`LLM_EVAL_START`: the SFT start's, ``eval_start/greedy/reward_mean``)."""
+    return f"{at}/{mode}/{metric}"

@@ -20,8 +20,8 @@ RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_simi
            "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb",
            "peak_memory_reserved_mb", "train_time_s", "phase_time_s"}
 GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "completion", "reward", "token_f1",
-                   "semantic_similarity", "length_closeness", "rouge_l", "completion_length", "kl", "algorithm",
-                   "model", "seed"}
+                   "semantic_similarity", "length_closeness", "rouge_l", "rouge_2", "completion_length", "kl",
+                   "algorithm", "model", "seed"}
 
 
 class CommonWords:

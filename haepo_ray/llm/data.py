@@ -175,10 +175,14 @@ def load_tldr(path_or_id: str, split: str = "train") -> list[Example]:
     return examples
 
 
-def load_examples(data: str) -> list[Example]:
-    """``"aclsum"`` or ``"tldr:PATH_OR_ID"`` -> its examples."""
+def load_examples(data: str, aspect: str = "all") -> list[Example]:
+    """``"aclsum"`` or ``"tldr:PATH_OR_ID"`` -> its examples; ACLSum's of one ``aspect`` (one
+    of :data:`ACLSUM_ASPECTS`) or of all three (``"all"``)."""
+    if aspect != "all" and (data != "aclsum" or aspect not in ACLSUM_ASPECTS):
+        raise ValueError(f"aspect must be 'all' or, for data 'aclsum', one of {ACLSUM_ASPECTS}; "
+                         f"got aspect {aspect!r} for data {data!r}")
     if data == "aclsum":
-        return load_aclsum()
+        return [e for e in load_aclsum() if aspect == "all" or e.prompt_id.endswith(f"/{aspect}")]
     kind, sep, target = data.partition(":")
     if kind == "tldr" and sep and target:
         return load_tldr(target)

@@ -14,7 +14,9 @@ Each prompt's completions form one group; the update's loss is the mean of the g
   (ratio 1); with ``num_iterations`` > 1 the ratio is to the old policy's log-probs.
 - DPO: :func:`haepo_ray.baseline_losses.dpo_loss` on [gold, sample_1..sample_M] with returns
   [1, 0, .., 0]: exactly the M pairs "gold preferred to sample j"; the reference is the SFT
-  checkpoint.
+  checkpoint. With ``dpo_pairs`` reward, on the group's samples only: one pair, the sample of
+  the highest reward preferred to that of the lowest (none when all rewards are equal), so DPO
+  learns from the same reward as HAEPO and GRPO.
 
 Micro-batched backward (:func:`backward`). A loss that depends on the model only through
 per-token log-probs (and entropies) can be back-propagated without holding a whole group's
@@ -42,7 +44,7 @@ from haepo_ray.llm.settings import ObjectiveSettings
 from haepo_ray.loss import haepo_loss, is_fake
 
 __all__ = ["OBJECTIVES", "Objective", "TokenLoss", "TokenStats", "backward", "chunks", "effective_num_trajectories", "gold_first",
-           "group_loss", "rows_per_prompt"]
+           "group_loss", "objective_of", "rows_per_prompt"]
 
 # (token_logp, token_entropy or None) -> scalar loss
 TokenLoss = Callable[[Tensor, Tensor | None], Tensor]
@@ -104,12 +106,32 @@ class DPOObjective(Objective):
         return [dpo_loss(traj[g], ref[g], returns[g], beta=s.dpo_beta).loss for g in groups]
 
 
+class DPORewardPairsObjective(Objective):
+    """:func:`haepo_ray.baseline_losses.dpo_loss` on each group's best and worst sample by reward,
+    the best preferred (the first of equal ones; no pair when every reward is equal)."""
+
+    def group_losses(self, s, token_logp, token_entropy, ref_token_logp, old_token_logp, mask, returns, groups):
+        traj, ref = sequence_logp(token_logp, mask), sequence_logp(ref_token_logp, mask)
+        losses = []
+        for g in groups:
+            pair = torch.stack([returns[g].argmax(), returns[g].argmin()])
+            losses.append(dpo_loss(traj[g][pair], ref[g][pair], returns[g][pair], beta=s.dpo_beta).loss)
+        return losses
+
+
 OBJECTIVES: dict[str, Objective] = {"HAEPO": HAEPOObjective(), "GRPO": GRPOObjective(), "DPO": DPOObjective()}
+DPO_REWARD_PAIRS = DPORewardPairsObjective()
+
+
+def objective_of(settings: ObjectiveSettings) -> Objective:
+    """The loss of ``settings``: its algorithm's in :data:`OBJECTIVES`, DPO's on reward pairs
+    with ``dpo_pairs`` reward."""
+    return DPO_REWARD_PAIRS if settings.algo == "DPO" and settings.dpo_pairs == "reward" else OBJECTIVES[settings.algo]
 
 
 def rows_per_prompt(settings: ObjectiveSettings, group_size: int) -> int:
-    """Rows of one prompt in an update's batch: its samples, after its gold summary for DPO."""
-    return group_size + OBJECTIVES[settings.algo].with_gold
+    """Rows of one prompt in an update's batch: its samples, after its gold summary for DPO's gold pairs."""
+    return group_size + objective_of(settings).with_gold
 
 
 def gold_first(num_prompts: int, group_size: int) -> Tensor:
@@ -143,7 +165,7 @@ def group_loss(
     rows come in groups of ``group_rows`` per prompt; the loss is the mean over prompts of
     each group's loss (:data:`OBJECTIVES`).
     """
-    objective, mask, groups = OBJECTIVES[settings.algo], batch.completion_mask, _groups(batch, group_rows)
+    objective, mask, groups = objective_of(settings), batch.completion_mask, _groups(batch, group_rows)
 
     def loss(token_logp: Tensor, token_entropy: Tensor | None) -> Tensor:
         if objective.with_entropy and token_entropy is None:

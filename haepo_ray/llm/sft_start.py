@@ -7,7 +7,8 @@ first trial that needs a start makes it and every other trial with the same :fun
 
 A start's key is the sha256 of the canonical JSON of :func:`key_fields`: what determines the
 SFT result (model, data, the held-out split, the SFT steps, learning rate, batch, prompt
-length, dtype, device type, LoRA where ``lora_r > 0``, precision where ``mixed``, seed), not the
+length, dtype, device type, LoRA where ``lora_r > 0``, precision where ``mixed``, ACLSum's aspect
+where not ``all``, seed), not the
 algorithm or RL settings. ``gradient_checkpointing``, ``micro_batch_size``, ``logits`` and
 ``adamw`` are left out: SFT's step recomputes the same forward, takes the whole batch, and
 gets the same log-probs and update. A sweep's trials share one worker count, which is not
@@ -15,7 +16,9 @@ in the key either.
 
 A folder of starts (a sweep's ``<experiment folder>/sft_starts``) holds:
 
-- ``<key>/``: a complete start, :meth:`~haepo_ray.llm.train.LLMRun.save_sft`'s files and
+- ``<key>/``: a complete start, :meth:`~haepo_ray.llm.train.LLMRun.save_sft`'s files (with
+  ``eval_start``, the start's held-out evaluation, evaluated once per start and taken by every
+  trial whose :func:`evaluation_fields` agree) and
   ``start.json`` (the key and its fields), written last: a folder without it is not a start.
 - ``<key>.lock``: locked (``fcntl.flock``, also on NFS) by rank 0 of the trial that looks
   for the start and, finding none, makes it; a second trial asking meanwhile waits, then loads.
@@ -45,7 +48,8 @@ if TYPE_CHECKING:
     from haepo_ray.llm.settings import LLMTrainSettings
     from haepo_ray.llm.train import LLMRun
 
-__all__ = ["LOADED", "MADE", "MARKER", "OWN", "begin_rl", "is_complete", "key_fields", "start_key"]
+__all__ = ["LOADED", "MADE", "MARKER", "OWN", "begin_rl", "evaluation_fields", "is_complete", "key_fields",
+           "start_key"]
 
 MARKER = "start.json"
 OWN, MADE, LOADED = "own", "made", "loaded"  # what begin_rl did: SFT without a folder, SFT saved, a start loaded
@@ -58,10 +62,21 @@ _LORA_FIELDS = ("lora_alpha", "lora_target_modules")  # only where lora_r > 0
 def key_fields(settings: LLMTrainSettings) -> dict[str, Any]:
     """The settings that determine a run's SFT result (module docstring), as JSON values."""
     names = _SFT_FIELDS + (_LORA_FIELDS if settings.lora_r > 0 else ()) + (
-        ("precision",) if settings.precision != "pure" else ())
+        ("precision",) if settings.precision != "pure" else ()) + (("aspect",) if settings.aspect != "all" else ())
     fields = {name: getattr(settings, name) for name in names}
     fields["device"] = settings.device.split(":")[0]  # the kernels' kind, not the card
     return json.loads(json.dumps(fields))  # tuples as lists
+
+
+# What a start's held-out evaluation depends on besides the start (haepo_ray.llm.evaluate): a run
+# takes a shared start's evaluation as its own only where these agree (LLMRun.load_sft).
+_EVAL_FIELDS = ("eval_batch", "eval_samples", "max_new_tokens", "min_new_tokens", "temperature", "decoding",
+                "reward_weights", "reference", "logits")
+
+
+def evaluation_fields(settings: LLMTrainSettings) -> dict[str, Any]:
+    """:func:`key_fields` and the evaluation's own settings, as JSON values."""
+    return json.loads(json.dumps({**key_fields(settings), **{n: getattr(settings, n) for n in _EVAL_FIELDS}}))
 
 
 def start_key(settings: LLMTrainSettings) -> str:

@@ -43,10 +43,13 @@ human-evaluation form read it):
 - The held-out evaluation (:mod:`haepo_ray.llm.evaluate`), after the last update and every
   ``eval_every`` updates if > 0: that update's row gains ``"eval": {"greedy": {...},
   "sampled": {...}}``, which MLflow logs as ``eval/greedy/<metric>`` and ``eval/sampled/<metric>``.
+  With ``eval_start`` the SFT start is evaluated too, before the first update: the first
+  update's row gains ``"eval_start": {"greedy": {...}, "sampled": {...}}`` (logged as
+  ``eval_start/<mode>/<metric>``), its greedy completions go to generations.jsonl as update 0.
 - ``generations.jsonl``: one object per greedy completion of each evaluation: ``{"update":
   int, "prompt_id": str, "source": str, "reference": str, "completion": str, "reward": float,
   "token_f1": float, "semantic_similarity": float, "length_closeness": float, "rouge_l":
-  float, "completion_length": int, "kl": float, "algorithm": str, "model": str, "seed": int}``.
+  float, "rouge_2": float, "completion_length": int, "kl": float, "algorithm": str, "model": str, "seed": int}``.
 
 Sampling is seeded per prompt, (seed, update, the prompt's position in the update)
 (:func:`~haepo_ray.llm.distributed.sample_seed`): a run is reproducible, on one worker or
@@ -78,11 +81,12 @@ from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import OBJECTIVES, effective_num_trajectories, gold_first, rows_per_prompt
+from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, objective_of, rows_per_prompt
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
+from haepo_ray.llm.sft_start import evaluation_fields
 
 __all__ = ["LLMRun", "LLMTrainSettings", "train"]
 
@@ -90,6 +94,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "generations.jsonl"
 STATE_FILE = "state.pt"
+START_EVAL_FILE = "start_eval.json"  # an SFT start's own evaluation (save_sft), with the settings it was made under
 
 Callback = Callable[[dict[str, Any]], None]
 
@@ -184,7 +189,8 @@ class LLMRun:
                 self.out.mkdir(parents=True, exist_ok=True)
                 (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
             torch.manual_seed(settings.seed)
-            self.splits = split_examples(load_examples(settings.data), settings.eval_prompts, settings.split_seed)
+            self.splits = split_examples(load_examples(settings.data, settings.aspect), settings.eval_prompts,
+                                         settings.split_seed)
             model, self.tokenizer = load_model(
                 settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
                 seed=settings.seed, dtype=torch_dtype(settings.weights_dtype))
@@ -195,6 +201,7 @@ class LLMRun:
             self.callback = callback
             self.writer = _Writer(self.out if world.is_main else None, callback)
             self.update = 0  # RL updates done
+            self.start_eval: dict[str, Any] | None = None  # the SFT start's evaluation (eval_start), rank 0
 
     @property
     def model(self) -> Any:
@@ -224,21 +231,37 @@ class LLMRun:
                 elapsed, = world.max([time.perf_counter() - start], s.device)
                 self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
             self.policy.start_rl()
+        self.evaluate_start()
+
+    def evaluate_start(self) -> None:
+        """With ``eval_start``, the held-out evaluation of the SFT start (rank 0; before any RL
+        update): ``start_eval`` = ``{"fields": ..., "eval": means, "records": greedy records}``."""
+        s = self.settings
+        if not (s.eval_start and self.world.is_main and self.start_eval is None and self.update == 0):
+            return
+        with self.clock.phase("eval"):
+            means, records = evaluate(s, self.policy, self.tokenizer, self.reward_fn, self.splits.eval)
+        self.start_eval = {"fields": evaluation_fields(s), names.LLM_EVAL: means, "records": records}
 
     def save_sft(self, folder: str | Path) -> None:
         """This run's SFT start in a new ``folder`` (rank 0, after :meth:`sft`): ``state.pt``
         (the RL-ready model's weights, with LoRA its fresh RL adapter too, and the SFT seconds)
-        and ``metrics.jsonl`` (the SFT rows)."""
+        and ``metrics.jsonl`` (the SFT rows); with ``eval_start`` also ``start_eval.json`` (its
+        evaluation, :meth:`evaluate_start`)."""
         folder = Path(folder)
         folder.mkdir(parents=True)
         torch.save({"model": self.policy.model.state_dict(), "sft_time_s": self.clock.phases["sft"]},
                    folder / STATE_FILE)
         (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+        if self.start_eval is not None:
+            (folder / START_EVAL_FILE).write_text(json.dumps(self.start_eval) + "\n")
 
     def load_sft(self, folder: str | Path) -> None:
         """Begin RL from :meth:`save_sft`'s ``folder`` instead of :meth:`sft` (every worker): its
         weights as policy and reference, its SFT rows written as this run's, its SFT seconds
-        credited to this run's clock."""
+        credited to this run's clock; its evaluation (``start_eval.json``) taken as this run's
+        :meth:`evaluate_start` where it was made under this run's
+        :func:`~haepo_ray.llm.sft_start.evaluation_fields` (else this run evaluates the start)."""
         folder = Path(folder)
         with self.clock.phase("load"):
             state = torch.load(folder / STATE_FILE, map_location=self.settings.device, weights_only=True)
@@ -246,23 +269,45 @@ class LLMRun:
             self.policy.load_start(state["model"])
             metrics = folder / METRICS_FILE
             rows = [row for _, row in jsonl_rows(metrics.read_text().splitlines(), lambda n: f"{metrics}:{n}")]
+            self.start_eval = self._shared_start_eval(folder / START_EVAL_FILE)
         for row in rows:
             self.writer.metric(row)
         self.clock.credit("sft", state["sft_time_s"])
+        self.evaluate_start()
+
+    def _shared_start_eval(self, path: Path) -> dict[str, Any] | None:
+        """A start's evaluation at ``path`` as this run's (its records relabelled with this run's
+        algorithm), if this run evaluates the start and it was made under the same evaluation fields."""
+        if not (self.settings.eval_start and self.world.is_main and path.is_file()):
+            return None
+        shared = json.loads(path.read_text())
+        if shared["fields"] != evaluation_fields(self.settings):
+            return None
+        shared["records"] = [{**record, "algorithm": self.settings.algo} for record in shared["records"]]
+        return shared
 
     # ------------------------------------------------------------------ RL
 
     def rl(self) -> Iterator[dict[str, Any]]:
         """The remaining RL updates, each yielded as its metric row once done and evaluated
-        (:meth:`~haepo_ray.llm.settings.LLMTrainSettings.evaluated_after`)."""
+        (:meth:`~haepo_ray.llm.settings.LLMTrainSettings.evaluated_after`); with ``eval_start``
+        the first update's row also holds the SFT start's evaluation (``eval_start``), whose
+        greedy completions are written as update 0."""
         s = self.settings
+        start: dict[str, Any] = {}
+        if self.update == 0 and s.eval_start and self.world.is_main:
+            self.evaluate_start()  # a run that began RL without sft() or load_sft()
+            for record in self.start_eval["records"]:
+                self.writer.generation({"update": 0, **record})
+            start = {names.LLM_EVAL_START: self.start_eval[names.LLM_EVAL]}
         stream = _cycle(self.splits.rl, random.Random(s.seed + 1))
         for _ in range(self.update * s.batch_prompts):  # the prompts of the updates already done
             next(stream)
         while self.update < s.rl_updates:
             chosen = [next(stream) for _ in range(s.batch_prompts)]
             self.update += 1
-            row = {"update": self.update, **self._rl_update(chosen)}
+            row = {"update": self.update, **self._rl_update(chosen), **start}
+            start = {}
             if s.evaluated_after(self.update):
                 with self.clock.phase("eval"):
                     row.update(self._evaluate())
@@ -289,7 +334,7 @@ class LLMRun:
                     decoding=s.decoding)
             group_examples = [e for e in local for _ in range(s.group_size)]
             rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
-            if OBJECTIVES[s.algo].with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
+            if objective_of(objective).with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
                 gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
                 gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
                 wide = concat_batches([gold, samples], tokenizer.pad_token_id)

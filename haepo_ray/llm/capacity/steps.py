@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from haepo_ray.llm.objectives import OBJECTIVES, TokenStats, rows_per_prompt
+from haepo_ray.llm.objectives import TokenStats, objective_of, rows_per_prompt
 from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rollout import Batch
 from haepo_ray.llm.settings import LLMTrainSettings
@@ -127,6 +127,6 @@ def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: 
     batch = token_batch(settings.batch_prompts * group_rows, group_rows, shapes)
     # Rewards as a trial has them: distinct per sample; DPO's gold (each group's first row) preferred.
     row = torch.arange(len(batch))
-    returns = (row % group_rows == 0).float() if OBJECTIVES[settings.algo].with_gold else row.float()
+    returns = (row % group_rows == 0).float() if objective_of(settings.objective()).with_gold else row.float()
     policy.rl_update(batch, returns, group_rows=group_rows, phase=recorder.phase)
     return policy
