@@ -115,6 +115,26 @@ def test_bad_data_specs():
         load_examples("cnn")
 
 
+def test_aclsum_of_one_aspect():
+    for aspect in ACLSUM_ASPECTS:
+        examples = load_examples("aclsum", aspect)
+        assert len(examples) == 250 and all(e.prompt_id.endswith(f"/{aspect}") for e in examples)
+        assert all(f"the {aspect} of" in e.instruction for e in examples)
+    assert len(load_examples("aclsum", "all")) == 750
+    with pytest.raises(ValueError, match=r"aspect must be 'all' or, for data 'aclsum', one of .*got aspect 'method'"):
+        load_examples("aclsum", "method")
+    with pytest.raises(ValueError, match="got aspect 'outcome' for data 'tldr:x.jsonl'"):
+        load_examples("tldr:x.jsonl", "outcome")
+    from haepo_ray.llm.settings import LLMTrainSettings
+
+    with pytest.raises(ValueError, match=r"aspect must be one of \('all', 'challenge', 'approach', 'outcome'\)"):
+        LLMTrainSettings(aspect="method")
+    with pytest.raises(ValueError, match="aspect is ACLSum's .data aclsum., got aspect 'outcome' for data 'tldr:x"):
+        LLMTrainSettings(data="tldr:x.jsonl", aspect="outcome")
+    with pytest.raises(ValueError, match="eval_start must be true or false, got 1"):
+        LLMTrainSettings(eval_start=1)
+
+
 def test_split_holds_out_eval_and_halves_the_rest():
     examples = [Example(f"p{i}", "sum", f"s{i}", f"r{i}") for i in range(21)]
     splits = split_examples(examples, num_eval=3, seed=7)

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from haepo_ray.llm.objectives import OBJECTIVES, backward, effective_num_trajectories, group_loss, rows_per_prompt
+from haepo_ray.llm.objectives import (OBJECTIVES, backward, effective_num_trajectories, group_loss, objective_of,
+                                      rows_per_prompt)
 from haepo_ray.llm.rollout import sequence_logp, token_stats
 from haepo_ray.llm.settings import ALGORITHMS, ObjectiveSettings
 from helpers import RETURNS
@@ -89,6 +90,28 @@ def test_dpo_on_gold_and_samples_is_the_mean_over_gold_vs_sample_pairs(tiny_lm):
     # Per prompt: gold (row 0 / 3) against each of its two samples; the update averages the prompts.
     hand = [-(F.logsigmoid(margin[g] - margin[g + 1]) + F.logsigmoid(margin[g] - margin[g + 2])) / 2 for g in (0, 3)]
     torch.testing.assert_close(loss, (hand[0] + hand[1]) / 2, rtol=1e-12, atol=0)
+
+
+def test_dpo_on_reward_pairs_prefers_each_groups_best_sample_to_its_worst(tiny_lm):
+    model, tokenizer = tiny_lm
+    batch = _batch(tokenizer)
+    ref = _ref_logp(model, batch)
+    settings = ObjectiveSettings(algo="DPO", dpo_beta=0.5, dpo_pairs="reward")
+    assert rows_per_prompt(settings, 3) == 3 and not objective_of(settings).with_gold  # samples only, no gold
+    returns = torch.tensor([0.3, 0.9, 0.1, 0.5, 0.2, 0.7], dtype=torch.float64)  # best, worst: (1, 2), (5, 4)
+    with torch.no_grad():
+        logp = token_stats(model, batch)[0]
+        loss = group_loss(settings, batch, returns, ref, group_rows=3)(logp, None)
+    margin = 0.5 * (sequence_logp(logp, batch.completion_mask) - sequence_logp(ref, batch.completion_mask))
+    hand = -(F.logsigmoid(margin[1] - margin[2]) + F.logsigmoid(margin[5] - margin[4])) / 2
+    torch.testing.assert_close(loss, hand, rtol=1e-12, atol=0)
+    # a group whose rewards are all equal has no pair: it adds 0 and no gradient
+    tied = torch.tensor([0.4, 0.4, 0.4, 0.5, 0.2, 0.7], dtype=torch.float64)
+    leaf = logp.clone().requires_grad_(True)
+    loss = group_loss(settings, batch, tied, ref, group_rows=3)(leaf, None)
+    torch.testing.assert_close(loss, -F.logsigmoid(margin[5] - margin[4]) / 2, rtol=1e-12, atol=0)
+    loss.backward()
+    assert (leaf.grad[:3] == 0).all() and leaf.grad[3:].abs().sum() > 0
 
 
 def test_effective_number_of_trajectories_and_weight_options(tiny_lm):
@@ -189,6 +212,8 @@ def test_every_algorithm_has_one_objective_that_says_what_it_needs(tiny_lm):
     ({"dpo_beta": math.inf}, "dpo_beta must be a finite number > 0"),
     ({"clip_param": 1.5}, r"clip_param must be in \(0, 1\)"),
     ({"normalization": "minmax"}, "normalization must be one of"),
+    ({"algo": "DPO", "dpo_pairs": "best"}, r"dpo_pairs must be one of \('gold', 'reward'\), got 'best'"),
+    ({"algo": "HAEPO", "dpo_pairs": "reward"}, "dpo_pairs is DPO's setting, got dpo_pairs 'reward' for 'HAEPO'"),
 ])
 def test_objective_settings_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -4,6 +4,7 @@ safe against a killed maker and a concurrent asker."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from pathlib import Path
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from haepo_ray import names
 from haepo_ray.llm.settings import LLMTrainSettings
 from haepo_ray.llm.sft_start import LOADED, MADE, MARKER, OWN, begin_rl, is_complete, start_key
-from haepo_ray.llm.train import LLMRun
+from haepo_ray.llm.train import GENERATIONS_FILE, START_EVAL_FILE, LLMRun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +45,7 @@ def test_the_key_is_what_sft_depends_on():
         assert start_key(_settings(**rl_only)) == key, rl_only
     for sft in ({"seed": 1}, {"sft_lr": 1e-3}, {"sft_examples": 6}, {"sft_batch": 4}, {"dtype": "float64"},
                 {"split_seed": 1}, {"eval_prompts": 3}, {"max_source_words": 8}, {"lora_r": 2},
-                {"data": "tldr:x.jsonl"}, {"model": "smollm2"}):
+                {"data": "tldr:x.jsonl"}, {"model": "smollm2"}, {"aspect": "outcome"}):
         assert start_key(_settings(**sft)) != key, sft
     assert start_key(_settings(lora_r=2, lora_alpha=8.0)) != start_key(_settings(lora_r=2))
 
@@ -82,6 +84,33 @@ def test_rl_after_a_loaded_start_is_that_after_the_start_made(tmp_path):
     rows = [[r["loss"] for r in run.rl()] for run in (made, loaded)]
     assert rows[0] == rows[1]
     assert _identical(_state(made), _state(loaded))
+
+
+def test_the_sft_start_is_evaluated_once_before_rl_and_its_evaluation_shared(tmp_path):
+    """With eval_start the maker evaluates the start before any update; a loader with the same
+    evaluation settings takes that evaluation (as update 0, its first row's eval_start), one
+    with other settings evaluates the start itself."""
+    starts = tmp_path / "starts"
+    runs = {name: LLMRun(_settings(algo=algo, eval_start=True, **extra), tmp_path / name)
+            for name, algo, extra in (("maker", "HAEPO", {}), ("loader", "DPO", {"dpo_pairs": "reward"}),
+                                      ("other", "GRPO", {"eval_samples": 2}))}
+    assert begin_rl(runs["maker"], starts) == MADE
+    shared = starts / start_key(runs["maker"].settings) / START_EVAL_FILE
+    made = json.loads(shared.read_text())
+    made[names.LLM_EVAL]["greedy"][names.LLM_REWARD] = -1.0  # a mark: the loader's must be this file's
+    shared.write_text(json.dumps(made))
+    assert [begin_rl(runs[name], starts) for name in ("loader", "other")] == [LOADED, LOADED]
+    rows = {name: list(run.rl()) for name, run in runs.items()}
+    for run in runs.values():
+        run.close()
+    start = {name: r[0][names.LLM_EVAL_START] for name, r in rows.items()}
+    assert start["loader"]["greedy"][names.LLM_REWARD] == -1.0
+    assert start["loader"]["sampled"] == start["maker"]["sampled"]
+    assert start["other"]["greedy"][names.LLM_REWARD] == pytest.approx(start["maker"]["greedy"][names.LLM_REWARD])
+    for name, run in runs.items():
+        records = [json.loads(line) for line in (run.out / GENERATIONS_FILE).read_text().splitlines()]
+        assert [r["update"] for r in records] == [0] * 2 + [1] * 2  # eval_prompts 2: the start, then update 1
+        assert {r["algorithm"] for r in records} == {run.settings.algo}
 
 
 def test_a_killed_makers_leftovers_are_not_loaded(tmp_path):
