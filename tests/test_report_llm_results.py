@@ -22,7 +22,7 @@ from helpers import sqlite_store
 from haepo_ray import names
 from haepo_ray.cli import main
 from haepo_ray.report import build_report
-from haepo_ray.report.generations import final_scores
+from haepo_ray.report.generations import JUDGES, final_scores
 from haepo_ray.report.kinds import TAIL_STEPS
 from haepo_ray.report.llm_results import METHODS_TITLE
 
@@ -207,7 +207,8 @@ def test_final_scores_keep_the_last_evaluation_and_name_a_bad_line():
              json.dumps({"update": 8, "prompt_id": "a", "reward": 0.3}),
              json.dumps({"update": 8, "prompt_id": "b", "reward": 0.5, "semantic_similarity": 0.6})]
     got = final_scores(lines, "generations")
-    assert set(got) == {"a", "b"} and got["b"] == {"reward": 0.5, "semantic_similarity": 0.6}
+    assert set(got) == {"a", "b"} and set(got["b"]) == set(JUDGES.values())
+    assert (got["b"]["reward"], got["b"]["semantic_similarity"]) == (0.5, 0.6) and math.isnan(got["b"]["rouge_2"])
     assert got["a"]["reward"] == 0.3 and math.isnan(got["a"]["semantic_similarity"])
     with pytest.raises(ValueError, match="generations line 2: expected an object with 'update'"):
         final_scores([lines[0], json.dumps({"prompt_id": "a"})], "generations")

@@ -14,7 +14,10 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
 - for language-model groups, ``llm_results.csv`` and ``win_rates.csv``: per method (an
   algorithm and configuration), the held-out results' mean and 95% confidence interval over
   seeds, and its win rates against the other methods on the held-out prompts
-  (:mod:`~haepo_ray.report.llm_results`), in every output too;
+  (:mod:`~haepo_ray.report.llm_results`), in every output too; with them the SFT start as a
+  method of its own (one per seed, :mod:`~haepo_ray.report.sft_start`), in every table and
+  figure, and ``optimised.csv`` and ``verdicts.csv``: which method optimised each metric, and
+  each pair's verdict by the metrics neither optimised (:mod:`~haepo_ray.report.optimised`);
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
   no network access needed);
@@ -41,8 +44,10 @@ from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_tab
 from haepo_ray.report.figures import Figure, write_figures
 from haepo_ray.report.kinds import LLM
 from haepo_ray.report.llm_results import METHODS_TITLE, methods_table, numbers, texts, win_rate_matrices, win_rates
+from haepo_ray.report.optimised import OPTIMISED_TITLE, VERDICTS_TITLE, optimisation_table, verdicts
 from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
 from haepo_ray.report.runs import load_trials
+from haepo_ray.report.sft_start import start_groups
 from haepo_ray.report.status import aggregated, unfinished_table
 from haepo_ray.tables import cell, format_table
 
@@ -63,6 +68,8 @@ class Report:
     include_unfinished: bool = False
     methods: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`methods_table`)
     win_rates: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`win_rates`)
+    optimised: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`optimisation_table`)
+    verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`verdicts`)
 
     @property
     def extras(self) -> list[tuple[str, pd.DataFrame]]:
@@ -71,13 +78,15 @@ class Report:
         not), the provenance."""
         how = "included in" if self.include_unfinished else "left out of"
         extras = [(METHODS_TITLE, texts(self.methods)), *win_rate_matrices(self.win_rates),
+                  (OPTIMISED_TITLE, self.optimised), (VERDICTS_TITLE, self.verdicts),
                   (f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished)]
         return [e for e in extras if len(e[1])] + [("Provenance (code, machine, libraries)", self.provenance)]
 
     @property
     def llm_files(self) -> dict[str, pd.DataFrame]:
         """The language-model CSVs and their tables (a file is written where its table is not empty)."""
-        return {"llm_results.csv": self.methods, "win_rates.csv": self.win_rates}
+        return {"llm_results.csv": self.methods, "win_rates.csv": self.win_rates, "optimised.csv": self.optimised,
+                "verdicts.csv": self.verdicts}
 
     @property
     def index(self) -> Path:
@@ -102,6 +111,7 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     groups = group_trials(aggregated(trials, include_unfinished))
+    groups += start_groups(groups)
     table = results_table(groups)
     unfinished, provenance = unfinished_table(trials), provenance_table(groups)
     table.to_csv(out / "results.csv", index=False)
@@ -109,8 +119,9 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
         unfinished.to_csv(out / "unfinished.csv", index=False)
     provenance.to_csv(out / "provenance.csv", index=False)
     figures = write_figures(groups, out)
+    rates = win_rates(groups)
     report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished,
-                    methods_table(groups), win_rates(groups))
+                    methods_table(groups), rates, optimisation_table(groups), verdicts(groups, rates))
     for name, part in report.llm_files.items():
         (out / name).unlink(missing_ok=True)  # never a previous report's
         if len(part):

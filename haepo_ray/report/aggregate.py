@@ -24,6 +24,7 @@ from haepo_ray.report.runs import ITERATION, RETURN, SECONDS, Trial
 from haepo_ray.report.stats import auc
 
 GRID_POINTS = 200
+SFT_START = "SFT start"  # the algorithm of the SFT start's groups (haepo_ray.report.sft_start)
 # A trial's (steps, values) of a metric -> one number (kinds.LAST, ...).
 REDUCE = {LAST: lambda steps, v: v[-1], MAX: lambda steps, v: np.max(v), MEAN: lambda steps, v: np.mean(v),
           AUC: auc, TAIL: lambda steps, v: np.mean(v[-TAIL_STEPS:])}
@@ -159,8 +160,9 @@ def results_table(groups: list[Group]) -> pd.DataFrame:
 
 def _updates(g: Group) -> int:
     """The mean over seeds of the last step reported; 0 when no trial reported one (a trial
-    that failed before its first update is still listed)."""
-    last = [float(t.curves.index.max()) for t in g.trials if len(t.curves.index)]
+    that failed before its first update is still listed) and for the SFT start (not trained:
+    :mod:`~haepo_ray.report.sft_start`)."""
+    last = [float(t.curves.index.max()) for t in g.trials if len(t.curves.index) and t.algorithm != SFT_START]
     return int(np.mean(last)) if last else 0
 
 

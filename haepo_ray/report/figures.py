@@ -119,6 +119,7 @@ def memory_figure(groups: list[Group], title: str, out: Path, stem: str) -> bool
     """Peak memory per phase of an update (max over updates, mean +- std over seeds), one bar
     per group in each phase; False if no group logged any."""
     phases = memory_phases(dict.fromkeys(c for g in groups for c in g.metrics()))
+    groups = [g for g in groups if set(map(memory_phase, phases)) & set(g.metrics())]  # the SFT start: no update
     if not phases:
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.0))

@@ -68,6 +68,7 @@ RL = Kind(
 # number of trajectories, of its training updates (what its weights did, not a result).
 GREEDY_REWARD = names.llm_eval(names.LLM_REWARD)
 GREEDY_ROUGE_L = names.llm_eval(names.LLM_ROUGE_L)
+GREEDY_ROUGE_2 = names.llm_eval(names.LLM_ROUGE_2)
 GREEDY_SEMANTIC_SIMILARITY = names.llm_eval(names.LLM_SEMANTIC_SIMILARITY)
 SAMPLED_KL = names.llm_eval(names.LLM_KL, "sampled")
 LLM = Kind(
@@ -77,7 +78,8 @@ LLM = Kind(
     headline=GREEDY_REWARD,
     headline_label="held-out reward",
     metrics=(names.LLM_TRAIN_TIME, names.LLM_UPDATE_TIME, names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
-             *(names.llm_eval(m, mode) for mode in names.LLM_EVAL_MODES for m in names.LLM_EVAL_METRICS)),
+             *(names.llm_eval(m, mode, at) for at in (names.LLM_EVAL, names.LLM_EVAL_START)
+               for mode in names.LLM_EVAL_MODES for m in names.LLM_EVAL_METRICS)),
     prefixes=(f"{names.LLM_PEAK_MEMORY}/",),
     curves={
         "reward-vs-updates": (GREEDY_REWARD, names.LLM_UPDATE, "held-out reward (greedy)"),
@@ -88,7 +90,7 @@ LLM = Kind(
                                               "HAEPO n_eff per group, 1 / sum w^2"),
     },
     table=(("reward", GREEDY_REWARD, LAST), ("reward sampled", names.llm_eval(names.LLM_REWARD, "sampled"), LAST),
-           ("ROUGE-L", GREEDY_ROUGE_L, LAST),
+           ("ROUGE-L", GREEDY_ROUGE_L, LAST), ("ROUGE-2", GREEDY_ROUGE_2, LAST),
            ("semantic similarity", GREEDY_SEMANTIC_SIMILARITY, LAST),
            ("profanity rate", names.llm_eval(names.LLM_PROFANITY_RATE), LAST),
            ("completion length", names.llm_eval(names.LLM_COMPLETION_LENGTH), LAST),
@@ -101,6 +103,7 @@ LLM = Kind(
              "training samples."),
     intervals=(("reward final", GREEDY_REWARD, LAST), ("reward AUC", GREEDY_REWARD, AUC),
                ("ROUGE-L final", GREEDY_ROUGE_L, LAST), ("ROUGE-L AUC", GREEDY_ROUGE_L, AUC),
+               ("ROUGE-2 final", GREEDY_ROUGE_2, LAST),
                ("semantic similarity final", GREEDY_SEMANTIC_SIMILARITY, LAST),
                ("semantic similarity AUC", GREEDY_SEMANTIC_SIMILARITY, AUC),
                ("KL sampled final", SAMPLED_KL, LAST),

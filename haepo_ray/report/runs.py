@@ -61,6 +61,7 @@ class Trial:
     provenance: dict[str, str] = field(default_factory=dict)  # tags of haepo_ray.provenance
     # language-model trials with generations: their last evaluation's scores per prompt
     scores: Scores = field(default_factory=dict, repr=False)
+    start_scores: Scores = field(default_factory=dict, repr=False)  # its SFT start's evaluation's (update 0)
 
     @property
     def finished(self) -> bool:
@@ -208,6 +209,6 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
     scores = read_scores(client, [t.run_id for t in trials if t.kind is LLM])
     for trial in trials:
         trial.curves = curves(histories.get(trial.run_id, {}), keys[trial.run_id], trial.kind)
-        trial.scores = scores.get(trial.run_id, {})
+        trial.scores, trial.start_scores = scores.get(trial.run_id, ({}, {}))
     return trials
 
