@@ -14,12 +14,14 @@ the run's mean prompt length) at this machine's float32 matrix-multiply rate on 
 - ``update``: the reference pass, forward and backward, the optimiser step;
 - ``metrics``: the row's metrics (no roofline);
 - ``eval``: the held-out evaluation once, its greedy and sampled completions of
-  ``eval_prompts`` prompts (no roofline: reported as measured).
+  ``eval_prompts`` prompts (no roofline: reported as measured; with ``eval_start`` the run
+  evaluates twice, the SFT start and after the last update, and this is their mean).
 
 Each run's wall and CPU seconds come with it. Then the spec's sweep, estimated from these
 figures: each trial's model loading, ``rl_updates`` updates and its evaluations (every
 ``eval_every`` and the last) at its algorithm's measured times (a method with settings of its
-own at its algorithm's), plus one SFT per seed (the trials of a seed share it), divided by the
+own at its algorithm's), plus one SFT per seed (the trials of a seed share it) and, with
+``eval_start``, one evaluation of it, divided by the
 trials run at once (``max_concurrent_trials``).
 
     .venv/bin/python bench/llm_update_phases.py OUT.json [--algo HAEPO GRPO DPO] [--updates 4]
@@ -94,7 +96,7 @@ def measure(settings: LLMTrainSettings, gflops: float) -> dict:
     return {"algo": settings.algo, "prompt_tokens": prompt_tokens, "per_update_s": per_update,
             "roofline_s": roofline, "ratio": {p: per_update[p] / roofline[p] for p in roofline},
             "update_s": sum(per_update.values()), "update_roofline_s": sum(roofline.values()),
-            "eval_s": last["eval"], "sft_s": last["sft"], "load_s": last["load"],
+            "eval_s": last["eval"] / (1 + settings.eval_start), "sft_s": last["sft"], "load_s": last["load"],
             "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
             "tflop_per_update": sum(est.phases[q].flops for parts in ROOFLINE.values() for q in parts) / 1e12}
 
@@ -111,7 +113,9 @@ def sweep_estimate(plan, rows: list[dict]) -> dict:
         r = measured[t.algo]
         evaluations = sum(t.evaluated_after(u) for u in range(1, t.rl_updates + 1))
         total += r["load_s"] + t.rl_updates * r["update_s"] + evaluations * r["eval_s"]
-    total += len({t.seed for t in trials}) * max(r["sft_s"] for r in rows)
+    starts = len({t.seed for t in trials})  # with eval_start, each start is evaluated once, by its maker
+    start_eval = any(t.eval_start for t in trials) * max(r["eval_s"] for r in rows)
+    total += starts * (max(r["sft_s"] for r in rows) + start_eval)
     at_once = plan.spec.max_concurrent_trials
     return {"trials": len(trials), "at_once": at_once, "seconds": total / at_once}
 
