@@ -57,11 +57,15 @@ def test_a_grid_of_plain_algorithms_keeps_algo_as_its_key():
     assert [c["algo"] for c in resolved_configs(plan)] == ["HAEPO", "GRPO", "HAEPO", "GRPO"]
 
 
-def test_the_ranked_protocol_compares_four_methods_from_one_sft_start_per_seed():
+def test_the_ranked_protocol_compares_five_methods_and_the_sft_start_from_one_start_per_seed():
     plan = load_plan(RANKED)
     trials = planned_trials(plan)
-    methods = {(plan.trial_config(t.values).algo, plan.trial_config(t.values).length_normalize) for t in trials}
-    assert methods == {("HAEPO", False), ("HAEPO", True), ("GRPO", False), ("DPO", False)}
+    configs = [plan.trial_config(t.values) for t in trials]
+    methods = {(c.algo, c.length_normalize, c.dpo_pairs) for c in configs}
+    assert methods == {("HAEPO", False, "gold"), ("HAEPO", True, "gold"), ("GRPO", False, "gold"),
+                       ("DPO", False, "gold"), ("DPO", False, "reward")}
+    assert all(c.eval_start and c.eval_prompts >= 64 and c.min_new_tokens == 1 and c.max_new_tokens == 32
+               and c.aspect == "challenge" and c.max_source_words >= 48 for c in configs)
     starts = {}
     for t in trials:
         starts.setdefault(t.values["seed"], set()).add(plan.trial_columns(t.values)["SFT start"])
