@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -69,6 +70,40 @@ def sqlite_store(path: Path) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_EMPTY_STORE[1], path)
     return f"sqlite:///{path}"
+
+
+def llm_sweep(root: Path, experiment: str) -> tuple[str, object, str, str, dict]:
+    """A new SQLite store at ``root`` with ``experiment`` and a language-model sweep's parent run
+    of model ``tiny`` on ``aclsum``: (uri, client, experiment id, parent run id, the subject tags)."""
+    from mlflow.tracking import MlflowClient
+
+    from haepo_ray import names
+
+    uri = sqlite_store(root / "mlflow.db")
+    client = MlflowClient(uri)
+    exp = client.create_experiment(experiment, artifact_location=(root / "artifacts").as_uri())
+    subject = {names.MODEL: "tiny", names.DATA: "aclsum"}
+    parent = client.create_run(exp, tags={names.ROLE: "sweep", **subject}).info.run_id
+    return uri, client, exp, parent, subject
+
+
+def llm_trial_run(client, experiment_id: str, parent: str, root: Path, *, algorithm: str, settings: dict,
+                  seed: int, subject: dict, metrics: list, generations: str) -> str:
+    """A language-model trial's run as a sweep writes it: tags (its method as ``{"algo": ..,
+    setting: ..}`` where it has settings), ``metrics``, ``generations.jsonl`` at its root; finished."""
+    from haepo_ray import names
+
+    method = {"algo": algorithm, **settings} if settings else algorithm
+    run_id = client.create_run(experiment_id, tags={
+        names.PARENT_RUN: parent, names.ROLE: "trial", names.ALGORITHM: algorithm, names.SEED: str(seed),
+        names.SEARCH_VALUES: json.dumps({"algorithm": method, "seed": seed}), **subject}).info.run_id
+    client.log_batch(run_id, metrics=metrics)
+    folder = root / "files" / run_id
+    folder.mkdir(parents=True)
+    (folder / "generations.jsonl").write_text(generations)
+    client.log_artifact(run_id, str(folder / "generations.jsonl"))
+    client.set_terminated(run_id)
+    return run_id
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import json
 
 import pandas as pd
 import pytest
-from helpers import sqlite_store
+from helpers import llm_sweep, llm_trial_run
 
 from haepo_ray import names
 from haepo_ray.report import build_report
@@ -65,26 +65,12 @@ def _generations(method: str, algorithm: str, seed: int) -> str:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from mlflow.tracking import MlflowClient
-
     root = tmp_path_factory.mktemp("report-llm-start")
-    uri = sqlite_store(root / "mlflow.db")
-    client = MlflowClient(uri)
-    exp = client.create_experiment(EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
-    subject = {names.MODEL: "tiny", names.DATA: "aclsum"}
-    parent = client.create_run(exp, tags={names.ROLE: "sweep", **subject}).info.run_id
+    uri, client, exp, parent, subject = llm_sweep(root, EXPERIMENT)
     for method, (algorithm, values, final_reward) in METHODS.items():
         for seed in (0, 1):
-            run_id = client.create_run(exp, tags={
-                names.PARENT_RUN: parent, names.ROLE: "trial", names.ALGORITHM: algorithm, names.SEED: str(seed),
-                names.SEARCH_VALUES: json.dumps({"algorithm": {"algo": algorithm, **values} if values else algorithm,
-                                                 "seed": seed}), **subject}).info.run_id
-            client.log_batch(run_id, metrics=_metrics(final_reward, seed))
-            folder = root / "files" / run_id
-            folder.mkdir(parents=True)
-            (folder / "generations.jsonl").write_text(_generations(method, algorithm, seed))
-            client.log_artifact(run_id, str(folder / "generations.jsonl"))
-            client.set_terminated(run_id)
+            llm_trial_run(client, exp, parent, root, algorithm=algorithm, settings=values, seed=seed, subject=subject,
+                          metrics=_metrics(final_reward, seed), generations=_generations(method, algorithm, seed))
     return build_report(uri, [EXPERIMENT], root / "report")
 
 
