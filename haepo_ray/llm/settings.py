@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "ASPECTS", "DPO_PAIRS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO", "ObjectiveSettings",
-           "SWITCHES", "torch_dtype"]
+__all__ = ["ALGORITHMS", "ASPECTS", "DPO_PAIRS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO",
+           "ObjectiveSettings", "SWITCHES", "torch_dtype"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
 ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
