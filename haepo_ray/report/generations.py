@@ -1,8 +1,9 @@
-"""The scores of a language-model trial's held-out greedy completions, per prompt, from its
-run's ``generations.jsonl`` artifact (:mod:`haepo_ray.llm.train` writes one record per prompt
-and evaluation with the completion's reward and its parts against the gold summary; the
-tracking callback logs the file at the run's root): those of the trial's last evaluation, which
-the win rates of :mod:`~haepo_ray.report.llm_results` compare.
+"""The scores of a language-model trial's held-out prompts, per prompt, from its run's
+``generations.jsonl`` artifact (:mod:`haepo_ray.llm.train` writes one record per prompt and
+evaluation: its greedy completion's reward and its parts against the gold summary, the exact
+KL of the policy's samples; the tracking callback logs the file at the run's root): those of
+the trial's last evaluation and the area under each prompt's evaluation curve, which the win
+rates and the bootstrap intervals over prompts of :mod:`~haepo_ray.report.llm_results` read.
 """
 
 from __future__ import annotations
@@ -14,26 +15,49 @@ from collections.abc import Iterable, Mapping
 from haepo_ray import names
 from haepo_ray.llm.data import jsonl_rows
 from haepo_ray.llm.eval_form import GENERATIONS, no_progress_bars
+from haepo_ray.report.stats import auc
 
 # What judges a completion (label -> its key in a record): the paper's reward against the gold
 # summary, and its semantic-similarity part (all-MiniLM-L6-v2 cosine to the gold summary).
 JUDGES = {"reward": "reward", "semantic similarity": names.LLM_SEMANTIC_SIMILARITY}
 
-Scores = dict[str, dict[str, float]]  # prompt id -> record key of a judge -> score
+Scores = dict[str, dict[str, float]]  # prompt id -> record key (or its auc_key) -> score
+NOT_SCORES = ("update", "seed")  # numbers of a record that are no score
+
+
+def auc_key(key: str) -> str:
+    """``reward`` -> ``reward AUC``: the key of a score's area under a prompt's evaluations."""
+    return f"{key} AUC"
 
 
 def final_scores(lines: Iterable[str], where: str) -> Scores:
-    """Prompt id -> judge key -> score of the records of the last update in ``lines`` (a
-    ``generations.jsonl``); a key a record lacks is NaN. ``ValueError`` naming ``where`` and
-    the line of a record that is no object or lacks its update or prompt id."""
-    records = []
+    """Prompt id -> score key -> score, per prompt of the last update in ``lines`` (a
+    ``generations.jsonl``): each number of its record there (a judge's key a record lacks is
+    NaN), and under :func:`auc_key` the area under that number's curve over the prompt's
+    updates (:func:`~haepo_ray.report.stats.auc`; NaN with one update). ``ValueError`` naming
+    ``where`` and the line of a record that is no object or lacks its update or prompt id."""
+    curves: dict[str, dict[int, dict]] = {}
     for at, record in jsonl_rows(lines, lambda number: f"{where} line {number}"):
         if not isinstance(record, dict) or not {"update", "prompt_id"} <= set(record):
             raise ValueError(f"{at}: expected an object with 'update' and 'prompt_id', got {record!r:.120}")
-        records.append(record)
-    last = max((r["update"] for r in records), default=None)
-    return {r["prompt_id"]: {key: float(r.get(key, math.nan)) for key in JUDGES.values()}
-            for r in records if r["update"] == last}
+        curves.setdefault(record["prompt_id"], {})[record["update"]] = record
+    last = max((u for updates in curves.values() for u in updates), default=None)
+    out = {}
+    for prompt, updates in curves.items():
+        if last not in updates:
+            continue
+        steps = sorted(updates)
+        scores = {key: math.nan for key in JUDGES.values()}
+        scores |= {k: float(v) for k, v in updates[last].items() if _number(v) and k not in NOT_SCORES}
+        for key in list(scores):
+            values = [float(v) if _number(v := updates[u].get(key)) else math.nan for u in steps]
+            scores[auc_key(key)] = auc(steps, values)
+        out[prompt] = scores
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_scores(client, run_ids: Iterable[str]) -> Mapping[str, Scores]:
