@@ -52,13 +52,18 @@ LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", one per phase be
 LLM_PEAK_RESERVED_MEMORY = "peak_memory_reserved_mb"  # the same for the CUDA allocator's reserved memory
 LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")  # an update's order
 # The held-out evaluation (haepo_ray.llm.train): "eval/<mode>/<metric>" at the update it ran after,
-# mode greedy (one completion per prompt) or sampled (group_size at the training temperature).
+# mode greedy (one completion per prompt) or sampled (eval_samples at the training temperature),
+# and "eval/policy/<metric>" of kl_samples completions per prompt sampled from the policy itself
+# (temperature 1, EOS allowed): the exact KL to the reference (haepo_ray.llm.evaluate) and their length.
 LLM_EVAL = "eval"
 LLM_EVAL_MODES = ("greedy", "sampled")
 LLM_TOKEN_F1 = "token_f1"
 LLM_LENGTH_CLOSENESS = "length_closeness"
 LLM_EVAL_METRICS = (LLM_REWARD, LLM_TOKEN_F1, LLM_SEMANTIC_SIMILARITY, LLM_LENGTH_CLOSENESS, LLM_ROUGE_L,
-                    LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE, LLM_KL)
+                    LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE)
+LLM_EXACT_KL = "kl_exact"
+LLM_EVAL_POLICY = "policy"
+LLM_EVAL_POLICY_METRICS = (LLM_EXACT_KL, LLM_COMPLETION_LENGTH)
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"
 # Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.kinds.rl.trainable).

@@ -72,7 +72,7 @@ def _metrics(base: dict[str, float], seed: int) -> list:
         if u in EVALUATIONS:
             held_out = {k: v + SEED_STEP * seed + SHAPE[u] for k, v in base.items()}
             row |= {names.llm_eval(k): v for k, v in held_out.items() if k != names.LLM_KL}
-            row[names.llm_eval(names.LLM_KL, "sampled")] = held_out[names.LLM_KL]
+            row[names.llm_eval(names.LLM_EXACT_KL, names.LLM_EVAL_POLICY)] = held_out[names.LLM_KL]
         rows += [Metric(k, float(v), 0, u) for k, v in row.items()]
     return rows
 
@@ -138,7 +138,7 @@ def _expected(method: str) -> dict[str, tuple[float, float, float] | float]:
     for column, key in by_seed.items():
         out[f"{column} final"] = base[key] + seed_mean + SHAPE[12]
         out[f"{column} AUC"] = base[key] + seed_mean + 0.175
-    out["KL sampled final"] = base[names.LLM_KL] + seed_mean + SHAPE[12]
+    out["KL exact final"] = base[names.LLM_KL] + seed_mean + SHAPE[12]
     if len(seeds) == 1:
         out |= {"reward final": sum(FINAL_REWARD[(method, 0)]) / 4, "reward AUC": 0.5,
                 "semantic similarity final": 1 - sum(FINAL_REWARD[(method, 0)]) / 4, "semantic similarity AUC": 0.5,

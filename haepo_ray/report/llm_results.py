@@ -39,7 +39,7 @@ from haepo_ray import names
 from haepo_ray.report.aggregate import Group
 from haepo_ray.report.generations import JUDGES, auc_key
 from haepo_ray.report.kinds import (
-    AUC, GREEDY_REWARD, GREEDY_ROUGE_L, GREEDY_SEMANTIC_SIMILARITY, LAST, LLM, TAIL, TAIL_STEPS)
+    AUC, EXACT_KL, GREEDY_REWARD, GREEDY_ROUGE_L, GREEDY_SEMANTIC_SIMILARITY, LAST, LLM, TAIL, TAIL_STEPS)
 from haepo_ray.report.stats import CONFIDENCE, T, Interval, bootstrap_ci, mean_ci, wins
 
 CI = f"{CONFIDENCE:.0%} CI"
@@ -47,7 +47,8 @@ UNBOUNDED = (-math.inf, math.inf)
 # The held-out metrics (MLflow keys) with a value per prompt in generations.jsonl: their record
 # key there and their range.
 PER_PROMPT = {GREEDY_REWARD: ("reward", UNBOUNDED), GREEDY_ROUGE_L: (names.LLM_ROUGE_L, (0.0, 1.0)),
-              GREEDY_SEMANTIC_SIMILARITY: (names.LLM_SEMANTIC_SIMILARITY, (-1.0, 1.0))}
+              GREEDY_SEMANTIC_SIMILARITY: (names.LLM_SEMANTIC_SIMILARITY, (-1.0, 1.0)),
+              EXACT_KL: (names.LLM_EXACT_KL, (0.0, math.inf))}
 METHODS_TITLE = (
     f"Language models, held-out results per method: mean [{CI}] over seeds and held-out prompts (a bootstrap "
     "resampling the seeds and, within them, the prompts; n_eff the seeds and their last updates; cut to each "
@@ -55,7 +56,8 @@ METHODS_TITLE = (
     "no per-prompt values). final: the last evaluation; AUC: the area under the evaluation "
     "curve by the trapezoid rule over the evaluated updates, divided by the span from the first to the last "
     "of them (the curve's mean height; empty with one evaluation). Reward, ROUGE-L and semantic similarity "
-    "of the greedy completions; KL to the reference of those sampled at the training temperature; n_eff: "
+    "of the greedy completions; KL: the exact KL to the reference (summed over the vocabulary at each position) "
+    "of the policy's own samples (temperature 1, EOS allowed), per prompt the mean over its samples; n_eff: "
     "HAEPO's effective number of trajectories per prompt group, 1 / sum w^2, of its training updates, the "
     f"mean of a trial's last {TAIL_STEPS}")
 

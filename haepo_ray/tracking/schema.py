@@ -63,6 +63,7 @@ LLM_METRICS = (
     f"{names.LLM_PEAK_MEMORY}/*",
     f"{names.LLM_PEAK_RESERVED_MEMORY}/*",
     *(names.llm_eval(metric, mode) for mode in names.LLM_EVAL_MODES for metric in names.LLM_EVAL_METRICS),
+    *(names.llm_eval(metric, names.LLM_EVAL_POLICY) for metric in names.LLM_EVAL_POLICY_METRICS),
 )
 
 # MLflow's limits: items per log_batch call, lengths of values and keys.
