@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from haepo_ray.llm.rollout import (
-    _until_first_eos, completion_batch, completion_logits, concat_batches, generate, sequence_logp, token_kl, token_stats)
+    _until_first_eos, completion_batch, completion_logits, concat_batches, generate, sequence_logp, token_kl,
+    token_stats)
 
 PROMPTS = ["the model writes", "we propose a method for parsing the paper"]
 COMPLETIONS = ["a short summary of the paper", "results"]

@@ -145,8 +145,9 @@ def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, c
 
 
 def test_the_exact_kl_samples_the_policy_with_eos_allowed(tmp_path, common_words):
-    """min_new_tokens = max_new_tokens = 8 holds the sampled completions to 8 tokens; the exact KL's samples are the policy's own, EOS allowed from the first token: with an LM
-    head that favours EOS (a bias of +4 on its logit) they end early."""
+    """min_new_tokens = max_new_tokens = 8 holds the sampled completions to 8 tokens; the exact
+    KL's samples are the policy's own, EOS allowed from the first token: with an LM head that
+    favours EOS (a bias of +4 on its logit) they end early."""
     settings = _settings(sft_examples=2, sft_batch=2, rl_updates=1, eval_prompts=2, eval_batch=2, kl_samples=3)
     run = LLMRun(settings, tmp_path, reward_fn=common_words)
     run.sft()

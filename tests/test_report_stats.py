@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from haepo_ray.report.stats import BOOTSTRAP, CONFIDENCE, Interval, auc, bootstrap_ci, mean_ci, t_quantile, win_rate, wins
+from haepo_ray.report.stats import (
+    BOOTSTRAP, CONFIDENCE, Interval, auc, bootstrap_ci, mean_ci, t_quantile, win_rate, wins)
 
 # t_{0.975, dof} of a printed table (three decimals): the half-width factor of a 95% interval.
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 20: 2.086, 30: 2.042}

@@ -40,6 +40,7 @@ from haepo_ray.report.aggregate import Group
 from haepo_ray.report.generations import JUDGES, auc_key
 from haepo_ray.report.kinds import (
     AUC, EXACT_KL, GREEDY_REWARD, GREEDY_ROUGE_L, GREEDY_SEMANTIC_SIMILARITY, LAST, LLM, TAIL, TAIL_STEPS)
+from haepo_ray.report.runs import method_name
 from haepo_ray.report.stats import CONFIDENCE, T, Interval, bootstrap_ci, mean_ci, wins
 
 CI = f"{CONFIDENCE:.0%} CI"
@@ -62,14 +63,9 @@ METHODS_TITLE = (
     f"mean of a trial's last {TAIL_STEPS}")
 
 
-def method_name(algorithm: str, config_label: str) -> str:
-    """``HAEPO`` or, for a configuration (:func:`~haepo_ray.report.runs.config_label`), ``HAEPO
-    (length_normalize=True)``: what the report and the human-evaluation forms call a method."""
-    return algorithm if config_label == "default" else f"{algorithm} ({config_label})"
-
-
 def method_label(g: Group) -> str:
-    """The :func:`method_name` of a group."""
+    """``HAEPO`` or, for a configuration, ``HAEPO (length_normalize=True)``
+    (:func:`~haepo_ray.report.runs.method_name`)."""
     return method_name(g.algorithm, g.config_label)
 
 
