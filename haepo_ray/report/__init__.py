@@ -13,7 +13,7 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
   each kind as its own table, under its caption, the CSV holds both;
 - for language-model groups, ``llm_results.csv`` and ``win_rates.csv``: per method (an
   algorithm and configuration), the held-out results' mean and 95% confidence interval over
-  seeds, and its win rates against the other methods on the held-out prompts
+  seeds and held-out prompts, and its win rates against the other methods on the held-out prompts
   (:mod:`~haepo_ray.report.llm_results`), in every output too;
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
 - ``index.html``: the table and every figure in one self-contained page (figures embedded,
