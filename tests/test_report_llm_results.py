@@ -8,8 +8,9 @@ Methods (experiment ``llm-results``, model ``tiny`` on ``aclsum``, 12 updates, e
 8 and 12): HAEPO and GRPO with seeds 0, 1, 2; HAEPO with ``length_normalize=True`` with seed 0
 alone (one seed: no interval). The training samples' metrics, under the bare names, are
 TRAINING_SHIFT higher: the report must never show them. The reward and semantic similarity have
-per-prompt values in the generations (bootstrap over seeds and prompts, from those values);
-ROUGE-L and the KL have none there (the Student-t over seeds of the MLflow values, marked).
+per-prompt values in the generations (bootstrap over seeds and prompts, from those values), and
+so has GRPO's exact KL; ROUGE-L and the other methods' KL have none there (the Student-t over
+seeds of the MLflow values, marked).
 """
 
 from __future__ import annotations
@@ -77,12 +78,18 @@ def _metrics(base: dict[str, float], seed: int) -> list:
     return rows
 
 
+def _prompt_kl(seed: int, prompt: str) -> float:
+    """GRPO's exact KL of a prompt (GRPO's generations alone carry one): 0.1 x (seed + prompt number)."""
+    return 0.1 * (seed + int(prompt[1:]))
+
+
 def _generations(method: str, seed: int, algorithm: str) -> str:
     final = dict(zip(PROMPTS, FINAL_REWARD[(method, seed)]))
     lines = []
     for update, rewards in ((8, {p: 1 - r for p, r in final.items()}), (12, final)):
         lines += [json.dumps({"update": update, "prompt_id": p, "source": f"post {p}", "reference": "gold",
                               "completion": "summary", "reward": r, "semantic_similarity": 1 - r,
+                              **({"kl_exact": _prompt_kl(seed, p)} if method == "GRPO" else {}),
                               "algorithm": algorithm, "model": "tiny", "seed": seed}) for p, r in rewards.items()]
     return "\n".join(lines) + "\n"
 
@@ -152,6 +159,10 @@ def _expected(method: str) -> dict[str, tuple[float, float, float] | float]:
         assert got.mean == pytest.approx(sum(map(sum, rows)) / 12)  # the mean of seed means, by hand
         out[f"{column} final"] = (got.mean, got.low, got.high)
         out[f"{column} AUC"] = (0.5, 0.5, 0.5)
+    if method == "GRPO":  # per-prompt exact KLs: the bootstrap, cut at 0; mean 0.1 x (1 + 1.5) = 0.25
+        kl = bootstrap_ci([[_prompt_kl(s, p) for p in PROMPTS] for s in seeds], bounds=(0.0, math.inf))
+        assert kl.mean == pytest.approx(0.25) and kl.low >= 0
+        out["KL exact final"] = (kl.mean, kl.low, kl.high)
     # n_eff: 2 + seed over each seed's last updates, resampled by seed and update
     neff = bootstrap_ci([[2.0 + s] * TAIL_STEPS for s in seeds], shared_units=False, bounds=(1.0, math.inf))
     out[f"n_eff last {TAIL_STEPS} updates"] = (3.0, neff.low, neff.high)
@@ -181,6 +192,7 @@ def test_the_csv_holds_the_numbers_and_the_pages_the_intervals(report):
     assert csv.loc["HAEPO", ["ROUGE-L AUC mean", "ROUGE-L AUC CI low", "ROUGE-L AUC CI high", "ROUGE-L AUC n"]
                    ].tolist() == pytest.approx([mean, low, high, 3], abs=1e-6)
     assert math.isnan(csv.loc["GRPO", f"n_eff last {TAIL_STEPS} updates mean"])
+    assert (csv.loc["HAEPO", "ROUGE-L AUC CI by"], csv.loc["HAEPO", "reward AUC CI by"]) == ("t", "bootstrap")
     # 0.4 = 0.3 + seed 0 + SHAPE[12]; 0.475 = 0.2 + 0.1 + 0.175 +- 4.303 * 0.1 / sqrt(3), Student-t: marked
     grpo = bootstrap_ci(_prompt_rows("GRPO"))
     markdown, page = (report.out / "results.md").read_text(), report.index.read_text()

@@ -164,12 +164,13 @@ def _interval_columns(table: pd.DataFrame) -> list[str]:
 
 def numbers(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with each :class:`Interval` column ``c`` as columns ``c mean``, ``c CI low``,
-    ``c CI high`` and ``c n`` (the seeds with a value)."""
+    ``c CI high``, ``c n`` (the seeds with a value) and ``c CI by`` (``bootstrap`` or ``t``)."""
     out = table.copy()
+    parts = (("mean", "mean"), ("CI low", "low"), ("CI high", "high"), ("n", "n"), ("CI by", "how"))
     for column in _interval_columns(table):
         at = out.columns.get_loc(column)
         values = out.pop(column)
-        for i, (part, field) in enumerate((("mean", "mean"), ("CI low", "low"), ("CI high", "high"), ("n", "n"))):
+        for i, (part, field) in enumerate(parts):
             out.insert(at + i, f"{column} {part}", [getattr(v, field) for v in values])
     return out
 
