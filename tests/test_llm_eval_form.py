@@ -130,7 +130,8 @@ def test_forms_are_blinded_escaped_and_reproducible(files, tmp_path, capsys):
             assert reference not in html  # the author's TL;DR decides alignment: never shown
         # What the models were given, the instruction and the source as cut for them; not the rest.
         assert html.count(f"The instruction: <b>{INSTRUCTION}</b>") == 3
-        shown = [p for p, (source, _) in PROMPTS.items() if f"<blockquote>{escape(_shown(source))}</blockquote>" in html]
+        shown = [p for p, (source, _) in PROMPTS.items()
+                 if f"<blockquote>{escape(_shown(source))}</blockquote>" in html]
         assert len(shown) == 3 and not any(escape(source) in html for source, _ in PROMPTS.values())
         assert "&lt;b&gt;&amp; lose&lt;/b&gt;" in html and "<b>& lose" not in html
         assert html.count('class="post"') == 3 and html.count('class="summary"') == 3 * len(SYSTEMS)
