@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import check_page
+from chromium import (assert_legend_toggles, assert_offline, chart, check_page, column, filter_rows, hover, hover_bar,
+                      offline_page, sort_by, tick_row, tooltip_value, traces)
 from helpers import sqlite_store
 
 from haepo_ray import names
@@ -187,9 +188,61 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
     memory = (out / f"{section}-peak-memory.svg").read_text()
     assert all(p in memory for p in ("generation", "reference", "forward/backward", "optimizer"))
     page = report.index.read_text()
-    assert all(f.title in page for f in report.figures) and page.count("data:image/png;base64,") == 6
+    assert all(f.title in page for f in report.figures) and page.count('<div class="plot"') == 6
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000 and '<script src="plotly.min.js"' in page
     assert "ROUGE-L mean" in page and "peak memory MB mean" in page
     assert f'<p class="caption">{LLM.caption}</p>' in page
+
+
+def test_llm_charts_hover_hide_and_highlight_offline_in_headless_chromium(llm_report):
+    """The page with the network blocked: hovering a held-out reward curve (against updates and
+    against seconds) and a peak-memory bar reads the configuration, the x and the value with
+    its spread over seeds; a legend click hides a method; the table sorts, filters, and a
+    ticked row highlights its method's curves and bars."""
+    report = llm_report
+    section = "tiny_on_aclsum"
+    grpo = next(g for g in report.groups if g.algorithm == "GRPO")
+    label = f"{EXPERIMENT}: GRPO (default, 2 seeds)"
+    reward = names.llm_eval(names.LLM_REWARD)
+    with offline_page(report.index) as driver:
+        assert_offline(driver, report.index)
+
+        by_update = chart(driver, f"{section}-reward-vs-updates")
+        lines = hover(driver, by_update, 2, 0.4 + 2 * SLOPE + SEED_STEP / 2)
+        assert lines[:2] == [label, "update 2"]
+        assert tooltip_value(lines, "held-out reward (greedy)") == (pytest.approx(0.7), pytest.approx(0.1), 2)
+
+        curve = grpo.curve(reward, names.LLM_TRAIN_TIME)
+        at, point = curve.index[120], curve.iloc[120]
+        lines = hover(driver, chart(driver, f"{section}-reward-vs-seconds"), at, point["mean"])
+        assert lines[:2] == [label, f"{at:.4g} s"]
+        value, spread, seeds = tooltip_value(lines, "held-out reward (greedy)")
+        assert (value, spread, seeds) == (pytest.approx(point["mean"], rel=1e-3), pytest.approx(point["std"], rel=1e-2),
+                                          point["n"])
+
+        memory = chart(driver, f"{section}-peak-memory")
+        lines = hover_bar(driver, memory, label, 2)  # forward/backward: 2 x 1400 MB, + 10 MB an update, + 100 a seed
+        assert lines[:2] == [label, "phase forward/backward"]
+        assert tooltip_value(lines, "peak memory (MB)") == (2 * 1400 + 10 * UPDATES + 50, 50, 2)
+
+        assert_legend_toggles(driver, by_update, label)
+
+        assert sort_by(driver, "results-0", "reward mean") == ["0.6", "0.7", "0.8", "0.9"]
+        assert column(driver, "results-0", "config")[1] == "lr=1e-05"
+        assert sort_by(driver, "results-0", "reward mean") == ["0.9", "0.8", "0.7", "0.6"]
+        assert sort_by(driver, "results-0", "algorithm") == ["DPO", "GRPO", "HAEPO", "HAEPO"]
+        filter_rows(driver, "results-0", "haepo 1e-05")
+        assert column(driver, "results-0", "config") == ["lr=1e-05"]
+        filter_rows(driver, "results-0", "")
+        assert len(column(driver, "results-0", "config")) == 4
+
+        tick_row(driver, "results-0", "algorithm", "GRPO")
+        for plot in (by_update, memory):
+            for trace in traces(driver, plot):
+                mine = trace["name"] == label
+                assert trace["opacity"] == (1 if mine else 0.2), trace
+                if trace["mode"] == "lines":
+                    assert trace["width"] == (4 if mine else 2), trace
 
 
 def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
@@ -214,9 +267,15 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
 
     page = check_page(report.index, ARTIFACTS / "report-llm.png")
     assert not page["errors"], page["errors"]
-    assert len(page["image_widths"]) == len(report.figures) == 8  # the LM sweep's 6, RL return vs updates, seconds
+    assert page["plots"] == page["charts"] == len(report.figures) == 8  # the LM sweep's 6, RL vs updates, seconds
+    assert page["image_widths"] == [] and page["table_rows"] == [1, 4]
+
+    # The page copied without plotly.min.js says so and shows the PNGs instead.
+    (tmp_path / "plotly.min.js").unlink()
+    page = check_page(report.index, ARTIFACTS / "report-llm-no-plotly.png")
+    assert len(page["errors"]) == 1 and "plotly.min.js" in page["errors"][0]["message"], page["errors"]
+    assert page["charts"] == 0 and len(page["image_widths"]) == 8
     assert all(width and width > 100 for width in page["image_widths"]), page["image_widths"]
-    assert page["table_rows"] == [1, 4]
 
 
 def test_a_trial_that_reported_nothing_is_listed_without_figures(tmp_path):
