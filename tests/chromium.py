@@ -194,10 +194,11 @@ def column(driver, table_id: str, header: str) -> list[str]:
 
 
 def assert_offline(driver, page: Path) -> None:
-    """The page drew with nothing but files of its folder: no request to any other URL, no
-    error in the browser's log, plotly.min.js read from beside it."""
+    """The page drew with nothing but files of its folder (and data: URIs, which Plotly draws
+    heatmaps with): no request to any other URL, no error in the browser's log, plotly.min.js
+    read from beside it."""
     urls = requested_urls(driver)
-    assert all(u.startswith(page.parent.as_uri() + "/") for u in urls), urls
+    assert all(u.startswith((page.parent.as_uri() + "/", "data:")) for u in urls), urls
     assert (page.parent / "plotly.min.js").as_uri() in urls, urls
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
@@ -254,3 +255,13 @@ def tick_row(driver, table_id: str, header: str, value: str) -> None:
         return row.querySelector("input[type=checkbox]");
     """, table_id, header, value)
     box.click()
+
+
+def assert_highlighted(driver, plot, name: str) -> None:
+    """The traces named ``name`` (one configuration) drawn opaque, its lines wide; every other
+    configuration's faded."""
+    for trace in traces(driver, plot):
+        mine = trace["name"] == name
+        assert trace["opacity"] == (1 if mine else 0.2), trace
+        if trace["mode"] == "lines":
+            assert trace["width"] == (4 if mine else 2), trace

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import (assert_legend_toggles, assert_offline, chart, check_page, column, filter_rows, hover, hover_bar,
-                      offline_page, sort_by, tick_row, tooltip_value, traces)
+from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, chart, check_page, column, filter_rows,
+                      hover, hover_bar, offline_page, sort_by, tick_row, tooltip_value)
 from helpers import sqlite_store
 
 from haepo_ray import names
@@ -238,11 +238,7 @@ def test_llm_charts_hover_hide_and_highlight_offline_in_headless_chromium(llm_re
 
         tick_row(driver, "results-0", "algorithm", "GRPO")
         for plot in (by_update, memory):
-            for trace in traces(driver, plot):
-                mine = trace["name"] == label
-                assert trace["opacity"] == (1 if mine else 0.2), trace
-                if trace["mode"] == "lines":
-                    assert trace["width"] == (4 if mine else 2), trace
+            assert_highlighted(driver, plot, label)
 
 
 def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):

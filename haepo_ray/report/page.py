@@ -104,7 +104,8 @@ def render_html(report: Report, tracking_uri: str) -> str:
 <style>
 body {{ font-family: sans-serif; margin: 2em; color: #222; }}
 table.results, table.extra {{ border-collapse: collapse; font-size: 0.85em; }}
-table.results th, table.results td, table.extra th, table.extra td {{ padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: left; }}
+table.results th, table.results td, table.extra th, table.extra td {{
+  padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: left; }}
 table.sortable th:not(.pick) {{ cursor: pointer; user-select: none; }}
 th[aria-sort=ascending]::after {{ content: " \\25B2"; }}
 th[aria-sort=descending]::after {{ content: " \\25BC"; }}
