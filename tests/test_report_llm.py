@@ -41,7 +41,8 @@ SFT_S = 5.0  # train_time_s counts the SFT steps before the first update
 BASE = {
     ("DPO", 5e-5): {names.LLM_REWARD: 0.2, names.LLM_ROUGE_L: 0.10, "memory": 1000.0, "time": 2.0},
     ("GRPO", 5e-5): {names.LLM_REWARD: 0.4, names.LLM_ROUGE_L: 0.20, "memory": 1400.0, "time": 3.0},
-    ("HAEPO", 1e-5): {names.LLM_REWARD: 0.3, names.LLM_ROUGE_L: 0.15, "memory": 1100.0, "time": 1.0},
+    # 0.35: its final reward, 0.75, sorts after 0.6 as a number but after 0.9 as text ("75" > "9").
+    ("HAEPO", 1e-5): {names.LLM_REWARD: 0.35, names.LLM_ROUGE_L: 0.15, "memory": 1100.0, "time": 1.0},
     ("HAEPO", 5e-5): {names.LLM_REWARD: 0.5, names.LLM_ROUGE_L: 0.25, "memory": 1100.0, "time": 1.0},
 }
 OTHER = {names.LLM_SEMANTIC_SIMILARITY: 0.6, names.LLM_PROFANITY_RATE: 0.0, names.LLM_COMPLETION_LENGTH: 20.0,
@@ -227,9 +228,9 @@ def test_llm_charts_hover_hide_and_highlight_offline_in_headless_chromium(llm_re
 
         assert_legend_toggles(driver, by_update, label)
 
-        assert sort_by(driver, "results-0", "reward mean") == ["0.6", "0.7", "0.8", "0.9"]
+        assert sort_by(driver, "results-0", "reward mean") == ["0.6", "0.75", "0.8", "0.9"]  # as numbers
         assert column(driver, "results-0", "config")[1] == "lr=1e-05"
-        assert sort_by(driver, "results-0", "reward mean") == ["0.9", "0.8", "0.7", "0.6"]
+        assert sort_by(driver, "results-0", "reward mean") == ["0.9", "0.8", "0.75", "0.6"]
         assert sort_by(driver, "results-0", "algorithm") == ["DPO", "GRPO", "HAEPO", "HAEPO"]
         filter_rows(driver, "results-0", "haepo 1e-05")
         assert column(driver, "results-0", "config") == ["lr=1e-05"]
