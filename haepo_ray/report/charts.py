@@ -38,7 +38,8 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def _layout(title: str, xlabel: str, ylabel: str, **extra) -> dict:
-    return {"title": {"text": title, "font": {"size": 13}}, "font": FONT, "template": "none",  # plotly.js defaults
+    return {"title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left"}, "font": FONT,
+            "template": "none",  # plotly.js defaults
             "xaxis": {"title": {"text": xlabel}}, "yaxis": {"title": {"text": ylabel}},
             "legend": {"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0, "font": {"size": 10}},
             "margin": {"l": 60, "r": 20, "t": 50, "b": 40}, "height": 460, **extra}

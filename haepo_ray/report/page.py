@@ -113,7 +113,7 @@ tr[data-group] {{ cursor: pointer; }}
 tr.chosen {{ background: #fff3c4; }}
 input.filter {{ margin: 0.5em 0; width: 24em; }}
 p.warning {{ color: #a40000; font-weight: bold; }}
-figure {{ display: inline-block; margin: 1em; vertical-align: top; }}
+figure {{ display: inline-block; margin: 0.5em; vertical-align: top; }}
 div.plot {{ width: 640px; }}
 div.plot img {{ max-width: 640px; }}
 figcaption {{ font-size: 0.8em; }}
