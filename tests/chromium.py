@@ -265,3 +265,35 @@ def assert_highlighted(driver, plot, name: str) -> None:
         assert trace["opacity"] == (1 if mine else 0.2), trace
         if trace["mode"] == "lines":
             assert trace["width"] == (4 if mine else 2), trace
+
+
+def assert_zoom_and_reset(driver, plot) -> None:
+    """Dragging the mouse across the middle half of a chart's plot area zooms its x axis to
+    about that span (real mouse events, DevTools ``Input.dispatchMouseEvent``); a double
+    click resets it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    full = list(driver.execute_script("return arguments[0].layout.xaxis.range.slice()", plot))
+    left, right, y = driver.execute_script("""
+        const plot = arguments[0];
+        plot.scrollIntoView({block: "center"});
+        const area = plot.querySelector(".nsewdrag").getBoundingClientRect();
+        return [area.left + area.width / 4, area.left + 3 * area.width / 4, area.top + area.height / 2];
+    """, plot)
+    mouse = [("mousePressed", left, 1), ("mouseMoved", (left + right) / 2, 0), ("mouseMoved", right, 0),
+             ("mouseReleased", right, 1)]
+    for kind, x, clicks in mouse:
+        driver.execute_cdp_cmd("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left",
+                                                            "buttons": 1 if kind != "mouseReleased" else 0,
+                                                            "clickCount": clicks})
+    span = full[1] - full[0]
+    zoomed = WebDriverWait(driver, 10).until(lambda d: (r := d.execute_script(
+        "return arguments[0].layout.xaxis.range.slice()", plot)) != full and r)
+    assert abs(zoomed[0] - (full[0] + span / 4)) < span / 20 and abs(zoomed[1] - (full[1] - span / 4)) < span / 20, \
+        (full, zoomed)
+    for clicks in (1, 2):
+        for kind in ("mousePressed", "mouseReleased"):
+            driver.execute_cdp_cmd("Input.dispatchMouseEvent", {"type": kind, "x": left, "y": y, "button": "left",
+                                                                "clickCount": clicks})
+    WebDriverWait(driver, 10).until(lambda d: d.execute_script(
+        "return arguments[0].layout.xaxis.range.slice()", plot) == full)

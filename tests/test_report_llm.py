@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, chart, check_page, column, filter_rows,
-                      hover, hover_bar, offline_page, sort_by, tick_row, tooltip_value)
+from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, assert_zoom_and_reset, chart, check_page,
+                      column, filter_rows, hover, hover_bar, offline_page, sort_by, tick_row, tooltip_value)
 from helpers import sqlite_store
 
 from haepo_ray import names
@@ -198,8 +198,8 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
 def test_llm_charts_hover_hide_and_highlight_offline_in_headless_chromium(llm_report):
     """The page with the network blocked: hovering a held-out reward curve (against updates and
     against seconds) and a peak-memory bar reads the configuration, the x and the value with
-    its spread over seeds; a legend click hides a method; the table sorts, filters, and a
-    ticked row highlights its method's curves and bars."""
+    its spread over seeds; a legend click hides a method; a drag zooms, a double click resets;
+    the table sorts, filters, and a ticked row highlights its method's curves and bars."""
     report = llm_report
     section = "tiny_on_aclsum"
     grpo = next(g for g in report.groups if g.algorithm == "GRPO")
@@ -227,6 +227,7 @@ def test_llm_charts_hover_hide_and_highlight_offline_in_headless_chromium(llm_re
         assert tooltip_value(lines, "peak memory (MB)") == (2 * 1400 + 10 * UPDATES + 50, 50, 2)
 
         assert_legend_toggles(driver, by_update, label)
+        assert_zoom_and_reset(driver, by_update)
 
         assert sort_by(driver, "results-0", "reward mean") == ["0.6", "0.75", "0.8", "0.9"]  # as numbers
         assert column(driver, "results-0", "config")[1] == "lr=1e-05"
