@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, assert_zoom_and_reset, chart, check_page,
-                      column, filter_rows, hover, hover_bar, offline_page, sort_by, tick_row, tooltip_value)
+from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, assert_zoom_and_reset, chart,
+                      check_page, column, filter_rows, hover, hover_bar, offline_page, sort_by, tick_row, tooltip_value)
 from helpers import sqlite_store
 
 from haepo_ray import names
