@@ -53,13 +53,18 @@ LLM_PEAK_MEMORY = "peak_memory_mb"  # "peak_memory_mb/<phase>", one per phase be
 LLM_PEAK_RESERVED_MEMORY = "peak_memory_reserved_mb"  # the same for the CUDA allocator's reserved memory
 LLM_MEMORY_PHASES = ("generation", "reference", "forward_backward", "optimizer")  # an update's order
 # The held-out evaluation (haepo_ray.llm.train): "eval/<mode>/<metric>" at the update it ran after,
-# mode greedy (one completion per prompt) or sampled (group_size at the training temperature).
+# mode greedy (one completion per prompt) or sampled (eval_samples at the training temperature),
+# and "eval/policy/<metric>" of kl_samples completions per prompt sampled from the policy itself
+# (temperature 1, EOS allowed): the exact KL to the reference (haepo_ray.llm.evaluate) and their length.
 LLM_EVAL = "eval"
 LLM_EVAL_MODES = ("greedy", "sampled")
 LLM_TOKEN_F1 = "token_f1"
 LLM_LENGTH_CLOSENESS = "length_closeness"
 LLM_EVAL_METRICS = (LLM_REWARD, LLM_TOKEN_F1, LLM_SEMANTIC_SIMILARITY, LLM_LENGTH_CLOSENESS, LLM_ROUGE_L,
-                    LLM_ROUGE_2, LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE, LLM_KL)
+                    LLM_ROUGE_2, LLM_COMPLETION_LENGTH, LLM_PROFANITY_RATE)
+LLM_EXACT_KL = "kl_exact"
+LLM_EVAL_POLICY = "policy"
+LLM_EVAL_POLICY_METRICS = (LLM_EXACT_KL, LLM_COMPLETION_LENGTH)
 # The SFT start's held-out evaluation (settings eval_start), before the first RL update: in that
 # update's row as "eval_start/<mode>/<metric>", in generations.jsonl as update 0.
 LLM_EVAL_START = "eval_start"
@@ -126,3 +131,10 @@ def llm_eval(metric: str, mode: str = "greedy", at: str = LLM_EVAL) -> str:
     """``reward_mean`` -> ``eval/greedy/reward_mean``: a held-out metric's key (``at``
     :data:`LLM_EVAL_START`: the SFT start's, ``eval_start/greedy/reward_mean``)."""
     return f"{at}/{mode}/{metric}"
+
+
+def llm_eval_keys(at: str = LLM_EVAL) -> tuple[str, ...]:
+    """The key of every metric of a held-out evaluation (:func:`llm_eval`): each mode's, then the
+    policy's own samples' (``at`` :data:`LLM_EVAL_START`: the SFT start's)."""
+    return (*(llm_eval(m, mode, at) for mode in LLM_EVAL_MODES for m in LLM_EVAL_METRICS),
+            *(llm_eval(m, LLM_EVAL_POLICY, at) for m in LLM_EVAL_POLICY_METRICS))

@@ -42,6 +42,14 @@ PROMPTS = {
 }
 
 
+INSTRUCTION = "Summarize this post in one sentence."
+
+
+def _shown(source: str) -> str:
+    """The source as the models saw it: all but its last word (as max_source_words cuts)."""
+    return " ".join(source.split()[:-1])
+
+
 def _write_run(path: Path, index: int, algorithm: str, model: str, seed: int, prompts=PROMPTS) -> Path:
     """A run's generations.jsonl: updates 5 and 10; at update 10 system ``index`` answers with
     the first ``index + 2`` words of the TL;DR (so a higher index is closer to it)."""
@@ -52,7 +60,8 @@ def _write_run(path: Path, index: int, algorithm: str, model: str, seed: int, pr
                 words = reference.split()[: index + 2]
                 text = " ".join(words) if update == 10 else f"draft {index} {seed}"
                 f.write(json.dumps({"update": update, "prompt_id": prompt_id, "source": source,
-                                    "reference": reference, "completion": text, "reward": 0.5,
+                                    "reference": reference, "instruction": INSTRUCTION,
+                                    "shown_source": _shown(source), "completion": text, "reward": 0.5,
                                     "algorithm": algorithm, "model": model, "seed": seed}) + "\n")
     return path
 
@@ -119,6 +128,11 @@ def test_forms_are_blinded_escaped_and_reproducible(files, tmp_path, capsys):
         assert {r["run_id"] for r in rows} <= {str(f) for f in files}
         for _, reference in PROMPTS.values():
             assert reference not in html  # the author's TL;DR decides alignment: never shown
+        # What the models were given, the instruction and the source as cut for them; not the rest.
+        assert html.count(f"The instruction: <b>{INSTRUCTION}</b>") == 3
+        shown = [p for p, (source, _) in PROMPTS.items()
+                 if f"<blockquote>{escape(_shown(source))}</blockquote>" in html]
+        assert len(shown) == 3 and not any(escape(source) in html for source, _ in PROMPTS.values())
         assert "&lt;b&gt;&amp; lose&lt;/b&gt;" in html and "<b>& lose" not in html
         assert html.count('class="post"') == 3 and html.count('class="summary"') == 3 * len(SYSTEMS)
         assert html.count('<textarea class="comment"') == 3 * len(SYSTEMS)  # a comment per summary
@@ -179,11 +193,11 @@ def _write_answers(path: Path, raters: list[str], form_id: str = "f1", answers=A
 def _write_key(path: Path, form_id: str = "f1", seed: int = 0, rows=KEY) -> Path:
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["form_id", "post", "slot", "prompt_id", "algorithm", "model", "run_id",
+        writer.writerow(["form_id", "post", "slot", "prompt_id", "method", "algorithm", "model", "run_id",
                          "seed", "update", "rouge_l"])
-        for post, slot, algorithm, model, rouge in rows:
-            writer.writerow([form_id, post, slot, f"q{post}", algorithm, model, f"run-{algorithm}-{model}",
-                             seed, 10, rouge])
+        for post, slot, method, model, rouge in rows:
+            writer.writerow([form_id, post, slot, f"q{post}", method, method.split(" (")[0], model,
+                             f"run-{method}-{model}", seed, 10, rouge])
     return path
 
 
@@ -215,7 +229,7 @@ def test_scores_match_hand_computed_answers(tmp_path, capsys):
     assert math.isnan(one.pooled.cells["HAEPO", "m1"].std) and "3.00 ± n/a" in format_report(one)
 
 
-COMMENT_HEADER = ["seed", "form_id", "post", "prompt_id", "slot", "algorithm", "model", "rater", "comment"]
+COMMENT_HEADER = ["seed", "form_id", "post", "prompt_id", "slot", "method", "algorithm", "model", "rater", "comment"]
 # Two forms, training seeds 0 (form g0) and 1 (g1), each of 2 posts x 2 slots, HAEPO and DPO on m1.
 POOL_KEYS = {"g0": (0, [(1, 1, "HAEPO", "m1", 0.5), (1, 2, "DPO", "m1", 0.2),
                         (2, 1, "DPO", "m1", 0.4), (2, 2, "HAEPO", "m1", 0.3)]),
@@ -276,8 +290,8 @@ def test_answers_to_the_forms_of_two_seeds_are_scored_per_seed_and_pooled(tmp_pa
     assert "2 comments (the paper's open-ended comments) written to" in blocks[3]
     with written.open(newline="") as f:
         assert list(csv.reader(f)) == [
-            COMMENT_HEADER, ["0", "g0", "1", "q1", "2", "DPO", "m1", "a", 'too long, "dramatic"\nbut detailed'],
-            ["1", "g1", "2", "q2", "1", "HAEPO", "m1", "c", "concise"]]
+            COMMENT_HEADER, ["0", "g0", "1", "q1", "2", "DPO", "DPO", "m1", "a", 'too long, "dramatic"\nbut detailed'],
+            ["1", "g1", "2", "q2", "1", "HAEPO", "HAEPO", "m1", "c", "concise"]]
 
 
 def test_answers_to_a_form_of_none_of_the_keys_are_refused_naming_the_file(tmp_path):
@@ -345,9 +359,9 @@ def test_bad_inputs_of_the_form_and_key(files, tmp_path):
         bad.write_text("\n".join([lines[0], line]) + "\n")
         assert f"{bad} {message}" in error(["eval-form", "--generations", str(bad), "--out", out])
     fewer = _write_run(tmp_path / "few" / GENERATIONS, 0, "DPO", "m", 0, {"p0": PROMPTS["p0"]})
-    assert "only 1 prompts have a completion from every algorithm and model" in error(
+    assert "only 1 prompts have a completion from every method and model" in error(
         ["eval-form", "--generations", *map(str, files), str(fewer), "--out", out, "--posts", "2", "--seeds", "0"])
-    assert "training seed 1 has no run of DPO on m: every form needs every algorithm and model (" in error(
+    assert "training seed 1 has no run of DPO on m: every form needs every method and model (" in error(
         ["eval-form", "--generations", *map(str, files), str(fewer), "--out", out])
     assert "no run has training seed 2, 7 (the runs have seeds 0, 1)" in error(
         ["eval-form", "--generations", *map(str, files), "--out", out, "--seeds", "0", "2", "7"])
@@ -357,6 +371,12 @@ def test_bad_inputs_of_the_form_and_key(files, tmp_path):
                        {k: ("another post", ref) for k, (_, ref) in PROMPTS.items()})
     assert "has a different source or reference in runs" in error(
         ["eval-form", "--generations", str(files[0]), str(other), "--out", out])
+    cut = tmp_path / "cut" / GENERATIONS  # the same posts, cut shorter for this run
+    cut.parent.mkdir()
+    cut.write_text(_write_run(tmp_path / "cut0" / GENERATIONS, 0, "DPO", "m", 0).read_text().replace(
+        '"shown_source": "I read two novels', '"shown_source": "I read'))
+    assert "was put to runs" in error(["eval-form", "--generations", str(files[0]), str(cut), "--out", out,
+                                      "--posts", "3"])
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(files[0].read_text() + files[1].read_text())
     assert f"run {mixed} mixes runs" in error(["eval-form", "--generations", str(mixed), "--out", out])
@@ -367,7 +387,7 @@ def test_bad_inputs_of_the_form_and_key(files, tmp_path):
     key.write_text(text + text.splitlines()[1] + "\n")
     assert f"{key} line 8: post 1 slot 1 appears twice" in error(
         ["eval-score", "--key", str(key), "--answers", str(answers)])
-    key.write_text(text.replace("1,1,q1,DPO,m1,run-DPO-m1,0,", "1,1,q1,DPO,m1,run-DPO-m1,1,"))
+    key.write_text(text.replace("1,1,q1,DPO,DPO,m1,run-DPO-m1,0,", "1,1,q1,DPO,DPO,m1,run-DPO-m1,1,"))
     assert f"{key} line 3: seed 0 differs from the first row's 1 (a form's summaries come from one training seed)" \
         in error(["eval-score", "--key", str(key), "--answers", str(answers)])
     assert not Path(out).exists()
@@ -502,3 +522,74 @@ print(codes, sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[0, 0] []"
     assert (tmp_path / "form" / "form-seed0.html").is_file() and (tmp_path / "report" / "index.html").is_file()
+
+
+def test_two_configurations_of_one_algorithm_are_two_methods_on_every_form_key_and_score(tmp_path, capsys):
+    """Trial runs of a sweep over HAEPO and HAEPO with length_normalize=True (its search value
+    {"algo": "HAEPO", "length_normalize": true}) and GRPO, seeds 0 and 1: the forms keep both
+    HAEPO configurations (each its own slot, named as the report names it), and so do the keys,
+    the scores per seed and the pooled table."""
+    from mlflow.tracking import MlflowClient
+
+    from haepo_ray.names import ALGORITHM, MODEL, SEARCH_VALUES
+    from haepo_ray.tracking import artifact_location_for
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("configs", artifact_location=artifact_location_for(uri))
+    parent = client.create_run(exp, tags={ROLE: "sweep"}).info.run_id
+    methods = {"HAEPO": "HAEPO", "HAEPO (length_normalize=True)": {"algo": "HAEPO", "length_normalize": True},
+               "GRPO": "GRPO"}
+    for seed in (0, 1):
+        for index, value in enumerate(methods.values()):
+            algorithm = value if isinstance(value, str) else value["algo"]
+            run = client.create_run(exp, tags={  # as a language-model sweep tags its trial runs
+                ROLE: "trial", PARENT_RUN: parent, ALGORITHM: algorithm, MODEL: "m",
+                SEARCH_VALUES: json.dumps({"algorithm": value, "seed": seed})}).info.run_id
+            client.log_artifact(run, str(_write_run(tmp_path / run / GENERATIONS, index, algorithm, "m", seed)))
+            client.set_terminated(run)
+    out = tmp_path / "form"
+    assert _run(["eval-form", "--experiment", "configs", "--tracking-uri", uri, "--out", str(out), "--posts", "2"]) == 0
+    keys = [out / f"key-seed{seed}.csv" for seed in (0, 1)]
+    for key in keys:
+        rows = list(csv.DictReader(key.open()))
+        assert len(rows) == 2 * 3 and {r["post"] for r in rows} == {"1", "2"}
+        for post in ("1", "2"):
+            assert sorted(r["method"] for r in rows if r["post"] == post) == sorted(methods)
+        assert {r["method"]: r["algorithm"] for r in rows} == {m: m.split(" (")[0] for m in methods}
+        html = (out / key.name.replace("key", "form").replace(".csv", ".html")).read_text()
+        assert "length_normalize" not in html and "HAEPO" not in html  # still blind
+    # Every rater rates HAEPO 5, its length-normalised configuration 2 and GRPO 3, on each post.
+    rating = {"HAEPO": 5, "HAEPO (length_normalize=True)": 2, "GRPO": 3}
+    answers = []
+    for seed, key in enumerate(keys):
+        rows = list(csv.DictReader(key.open()))
+        path = tmp_path / f"answers-{seed}.csv"
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(ANSWER_COLUMNS)
+            for r in rows:
+                writer.writerow([r["form_id"], f"r{seed}", r["post"], r["slot"], rating[r["method"]],
+                                 int(r["slot"] == "1"), ""])
+        answers.append(path)
+    report = score([read_key(k) for k in keys], read_answers(answers))
+    for scores in (*report.seeds.values(), report.pooled):
+        assert {method: cell.mean for (method, _), cell in scores.cells.items()} == rating
+    assert report.pooled.cells["HAEPO (length_normalize=True)", "m"].raters == 2
+    assert _run(["eval-score", "--key", *map(str, keys), "--answers", *map(str, answers),
+                 "--comments", str(tmp_path / "comments.csv")]) == 0
+    pooled = capsys.readouterr().out.split("\n\n")[2].splitlines()
+    assert pooled[1].split("  ")[0:1] == ["Model"] and "HAEPO (length_normalize=True)" in pooled[1]
+    assert pooled[3].split() == ["m", "3.00", "±", "0.00", "5.00", "±", "0.00", "2.00", "±", "0.00"]
+
+
+def test_a_file_names_its_method_by_its_records_method_or_else_its_algorithm(files, tmp_path):
+    path = tmp_path / "ln" / GENERATIONS
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps({**json.loads(line), "method": "HAEPO (length_normalize=True)"}) + "\n"
+                            for line in files[0].read_text().splitlines()))
+    assert {r.method for r in read_generations(path)} == {"HAEPO (length_normalize=True)"}
+    assert {r.method for r in read_generations(files[0])} == {SYSTEMS[0][0]}
+    path.write_text(files[0].read_text().replace('"seed": 0', '"seed": 0, "method": 1'))
+    with pytest.raises(ValueError, match="line 1: 'method' must be a string, got 1"):
+        read_generations(path)

@@ -5,6 +5,7 @@ of the base weights, and its reference is the model with the adapter switched of
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -113,3 +114,33 @@ def test_lora_trains_only_its_adapter_and_refers_to_the_weights_without_it(tiny_
     assert policy.reference is None
     storages = {p.untyped_storage().data_ptr() for _, p in policy.model.named_parameters()}
     assert len(storages) == len(list(policy.model.parameters()))
+
+
+@pytest.mark.parametrize("lora_r", [0, 2])
+def test_exact_kl_to_the_reference_is_zero_at_the_start_and_the_vocabulary_sum_after_a_change(tiny_lm, lora_r):
+    """The reference is a frozen copy (no LoRA) or the model with its adapter off (LoRA): at the
+    start of RL the policy is its reference (KL 0); once the trained weights move, each
+    completion's exact KL is the sum over its positions of the per-token KL between the policy's
+    and the reference's next-token distributions."""
+    from haepo_ray.llm.rollout import completion_logits, token_kl
+
+    model, tokenizer = tiny_lm
+    batch = group_batch(tokenizer)
+    policy = _rl_policy(model, dataclasses.replace(_settings(lora_r=lora_r), micro_batch_size=2))
+    assert torch.equal(policy.exact_kl(batch), torch.zeros(len(batch), dtype=torch.float64))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in policy.trainable():
+            p.add_(0.5 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+        if lora_r:  # the reference: the same weights without the adapter
+            assert policy.reference is None
+            with policy.model.disable_adapter():
+                ref_logits = completion_logits(policy.model, batch)
+        else:
+            ref_logits = completion_logits(policy.reference, batch)
+        expected = token_kl(completion_logits(policy.model, batch), ref_logits, batch.completion_mask).sum(1)
+    got = policy.exact_kl(batch)
+    assert (got > 0).all()
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    assert torch.equal(_rl_policy(model, _settings(reference="none", beta_kl=0.0)).exact_kl(batch),
+                       torch.zeros(len(batch), dtype=torch.float64))

@@ -1,11 +1,17 @@
-"""L_k of LM completions: a hand sum over tokens, padding invariant; masks; generation."""
+"""L_k of LM completions: a hand sum over tokens, padding invariant; masks; generation; the
+exact per-token KL against a brute-force sum over a tiny vocabulary."""
 
 from __future__ import annotations
+
+import copy
+import math
 
 import pytest
 import torch
 
-from haepo_ray.llm.rollout import _until_first_eos, completion_batch, concat_batches, generate, sequence_logp, token_stats
+from haepo_ray.llm.rollout import (
+    _until_first_eos, completion_batch, completion_logits, concat_batches, generate, sequence_logp, token_kl,
+    token_stats)
 
 PROMPTS = ["the model writes", "we propose a method for parsing the paper"]
 COMPLETIONS = ["a short summary of the paper", "results"]
@@ -120,3 +126,59 @@ def test_static_decoding_logits_equal_dynamic_decodings_within_rounding(tiny_lm)
         logits[decoding] = torch.stack(out.logits)
     # measured 1.2e-7 (float32, torch 2.13 CPU): rounding of a longer, masked attention row
     assert (logits["static"] - logits["dynamic"]).abs().max() < 1e-5
+
+
+def _perturbed(model, seed: int = 1, scale: float = 0.3):
+    """A copy of ``model`` with noise on every weight: another policy on the same vocabulary."""
+    other = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return other
+
+
+def _brute_kl(model, ref, ids: list[int], start: int) -> list[float]:
+    """KL(pi || pi_ref) at each position from ``start`` of the unpadded row ``ids``: a Python sum
+    over every token of the vocabulary of p_v (log p_v - log q_v)."""
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
+        q = torch.softmax(ref(input_ids=torch.tensor([ids])).logits[0], -1)
+    out = []
+    for t in range(start, len(ids)):
+        pt, qt = p[t - 1].tolist(), q[t - 1].tolist()
+        out.append(sum(pv * (math.log(pv) - math.log(qv)) for pv, qv in zip(pt, qt)))
+    return out
+
+
+def test_token_kl_is_the_sum_over_the_vocabulary_at_each_completion_position(tiny_lm):
+    """On padded rows (row 0 left-padded, row 1 right-padded) the exact per-token KL equals the
+    brute-force sum over the 25-token vocabulary on each unpadded row; 0 off the mask."""
+    model, tokenizer = tiny_lm
+    ref = _perturbed(model)
+    batch = completion_batch(tokenizer, PROMPTS, COMPLETIONS)
+    with torch.no_grad():
+        kl = token_kl(completion_logits(model, batch), completion_logits(ref, batch), batch.completion_mask)
+    assert model.config.vocab_size == 25  # the word-level tokenizer of a few sentences
+    for row, (prompt, completion) in enumerate(zip(PROMPTS, COMPLETIONS)):
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = prompt_ids + tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        expected = _brute_kl(model, ref, ids, len(prompt_ids))
+        n = int(batch.completion_mask[row].sum())
+        assert n == len(expected)
+        torch.testing.assert_close(kl[row, :n], torch.tensor(expected, dtype=torch.float64), rtol=1e-9, atol=1e-12)
+        assert (kl[row, n:] == 0).all()
+    assert (kl[batch.completion_mask] > 0).all()
+
+
+def test_token_kl_is_zero_against_itself_and_never_negative(tiny_lm):
+    model, tokenizer = tiny_lm
+    batch = completion_batch(tokenizer, PROMPTS, COMPLETIONS)
+    with torch.no_grad():
+        logits = completion_logits(model, batch)
+        others = [completion_logits(_perturbed(model, seed, scale), batch) for seed, scale in ((2, 1.0), (3, 0.01))]
+    assert torch.equal(token_kl(logits, logits, batch.completion_mask), torch.zeros(batch.completion_mask.shape,
+                                                                                    dtype=logits.dtype))
+    for other in others:
+        assert (token_kl(logits, other, batch.completion_mask) >= 0).all()
+        assert (token_kl(other, logits, batch.completion_mask) >= 0).all()

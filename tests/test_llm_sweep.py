@@ -46,7 +46,8 @@ UPDATE_METRICS = (names.LLM_REWARD, names.LLM_ROUGE_L, names.LLM_SEMANTIC_SIMILA
                   names.LLM_UPDATE_TIME, names.LLM_TRAIN_TIME, f"{names.LLM_PHASE_TIME}/load",
                   f"{names.LLM_PHASE_TIME}/eval", f"{names.LLM_PEAK_MEMORY}/generation",
                   f"{names.LLM_PEAK_MEMORY}/forward_backward", f"{names.LLM_PEAK_RESERVED_MEMORY}/forward_backward")
-EVAL_METRICS = tuple(names.llm_eval(metric, mode) for mode in names.LLM_EVAL_MODES for metric in names.LLM_EVAL_METRICS)
+EVAL_METRICS = (*(names.llm_eval(metric, mode) for mode in names.LLM_EVAL_MODES for metric in names.LLM_EVAL_METRICS),
+                *(names.llm_eval(metric, names.LLM_EVAL_POLICY) for metric in names.LLM_EVAL_POLICY_METRICS))
 
 
 def smoke_spec(**changes) -> dict:
@@ -125,7 +126,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
     assert len(generations) == 6
     rows = [json.loads(line) for line in generations[0].read_text().splitlines()]
     assert rows and {r["model"] for r in rows} == {"tiny"} and {r["update"] for r in rows} == {updates}
-    assert all({"token_f1", "semantic_similarity", "length_closeness", "rouge_l", "kl"} <= set(r) for r in rows)
+    assert all({"token_f1", "semantic_similarity", "length_closeness", "rouge_l", "kl_exact"} <= set(r) for r in rows)
     assert len(list(artifacts.rglob("checkpoint/state.pt"))) == 6
     best = max(children, key=lambda r: r.data.metrics[names.LLM_REWARD])
     assert parent.data.tags[names.BEST_RUN_ID] == best.info.run_id

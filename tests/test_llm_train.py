@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from haepo_ray import names
 from haepo_ray.cli import main
@@ -19,8 +20,9 @@ from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
 RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_similarity", "profanity_rate",
            "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb",
            "peak_memory_reserved_mb", "train_time_s", "phase_time_s"}
-GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "completion", "reward", "token_f1",
-                   "semantic_similarity", "length_closeness", "rouge_l", "rouge_2", "completion_length", "kl",
+GENERATION_KEYS = {"update", "prompt_id", "source", "reference", "instruction", "shown_source", "completion", "reward",
+                   "token_f1", "semantic_similarity", "length_closeness", "rouge_l", "rouge_2", "completion_length",
+                   "kl_exact",
                    "algorithm", "model", "seed"}
 
 
@@ -115,12 +117,20 @@ def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, c
     generations = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
     for row in rows[1:]:
         evaluation = row["eval"]
-        assert set(evaluation) == set(names.LLM_EVAL_MODES)
-        for means in evaluation.values():
+        assert set(evaluation) == {*names.LLM_EVAL_MODES, names.LLM_EVAL_POLICY}
+        for mode in names.LLM_EVAL_MODES:
+            means = evaluation[mode]
             assert set(means) == set(names.LLM_EVAL_METRICS) and all(math.isfinite(v) for v in means.values())
             assert means["completion_length"] == 8.0 and means["profanity_rate"] == 0.0
         greedy = [g for g in generations if g["update"] == row["update"]]
         assert [g["prompt_id"] for g in greedy] == held_out
+        # The exact KL of the policy's own samples, per prompt in its record: never negative, > 0
+        # once RL moved the policy; those samples may end early (EOS allowed): not min_new_tokens 8.
+        kl = evaluation[names.LLM_EVAL_POLICY]
+        assert set(kl) == set(names.LLM_EVAL_POLICY_METRICS)
+        assert kl["kl_exact"] == pytest.approx(sum(g["kl_exact"] for g in greedy) / 3)
+        assert all(g["kl_exact"] > 0 for g in greedy)
+        assert 1.0 <= kl["completion_length"] <= 8.0
         for key in set(names.LLM_EVAL_METRICS) - {"profanity_rate"}:
             column = "reward" if key == names.LLM_REWARD else key
             assert evaluation["greedy"][key] == pytest.approx(sum(g[column] for g in greedy) / 3), key
@@ -133,6 +143,29 @@ def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, c
             assert g["semantic_similarity"] == pytest.approx(similarity)
     # Sampled at temperature 1, not greedy.
     assert rows[1]["eval"]["sampled"] != rows[1]["eval"]["greedy"]
+
+
+def test_the_exact_kl_samples_the_policy_with_eos_allowed(tmp_path, common_words):
+    """min_new_tokens = max_new_tokens = 8 holds the sampled completions to 8 tokens; the exact
+    KL's samples are the policy's own, EOS allowed from the first token: with an LM head that
+    favours EOS (a bias of +4 on its logit) they end early."""
+    settings = _settings(sft_examples=2, sft_batch=2, rl_updates=1, eval_prompts=2, eval_batch=2, kl_samples=3)
+    run = LLMRun(settings, tmp_path, reward_fn=common_words)
+    run.sft()
+    model = run.policy.model
+    head = model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True, dtype=head.weight.dtype)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[run.tokenizer.eos_token_id] = 4.0
+    model.lm_head = biased
+    (row,) = list(run.rl())
+    run.close()
+    assert settings.min_new_tokens == settings.max_new_tokens == 8
+    assert row["eval"]["sampled"]["completion_length"] == 8.0
+    assert 1.0 <= row["eval"][names.LLM_EVAL_POLICY]["completion_length"] < 8.0
+    assert row["eval"][names.LLM_EVAL_POLICY]["kl_exact"] > 0
 
 
 def test_train_time_is_the_whole_runs_and_holds_its_phases(tmp_path, common_words):

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import check_page
+from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, chart, column, filter_rows, hover,
+                      offline_page, sort_by, tick_row, tooltip_value)
 from helpers import sqlite_store
 
 from haepo_ray import cli
@@ -258,11 +259,54 @@ def test_a_sweep_with_no_finished_trial_says_how_to_report_it(tmp_path, capsys):
     assert "no trial of these sweeps finished (4 KILLED, 1 FAILED, 1 RUNNING)" in err and "--include-unfinished" in err
 
 
-def test_html_page_shows_every_figure_in_headless_chromium(store, tmp_path):
+def _most_apart(groups: list[Group], metric: str) -> tuple[Group, int]:
+    """The (group, update) whose mean of ``metric`` lies farthest from every other group's at that update."""
+    curves = {id(g): g.curve(metric) for g in groups}
+
+    def gap(g: Group, at: float) -> float:
+        return min(abs(curves[id(g)].loc[at, "mean"] - curves[id(o)].loc[at, "mean"]) for o in groups if o is not g)
+    return max(((g, int(at)) for g in groups for at in curves[id(g)].index), key=lambda pick: gap(*pick))
+
+
+def test_rl_charts_hover_hide_and_highlight_offline_in_headless_chromium(store, tmp_path):
+    """The page with the network blocked draws every figure as a chart; hovering a return curve
+    and a heatmap cell reads the configuration, the update (or settings) and the value with its
+    spread over seeds; a legend click hides a configuration; the table sorts, filters, and a
+    ticked row highlights its curves."""
     uri, _ = store
     report = build_report(uri, ["report-bandit"], tmp_path)
-    page = check_page(report.index, ARTIFACTS / "report.png")
-    assert not page["errors"], page["errors"]
-    assert len(page["image_widths"]) == len(report.figures) == 5
-    assert all(width and width > 100 for width in page["image_widths"]), page["image_widths"]
-    assert page["table_rows"] == [4]
+    env = "haepo_GaussianBandit-v0_means_seed=3_num_arms=5"
+    group, at = _most_apart(report.groups, RETURN)
+    point = group.curve(RETURN).loc[at]
+    label = f"report-bandit: HAEPO ({group.config_label}, 2 seeds)"
+    cell = next(g for g in report.groups if g.config == {"lr": 0.01, "batch_size": 8})
+    with offline_page(report.index) as driver:  # once every chart is drawn
+        assert_offline(driver, report.index)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(ARTIFACTS / "report.png"))
+        assert driver.execute_script("return document.querySelectorAll('div.plot').length") == len(report.figures) == 5
+        assert column(driver, "results-0", "seeds") == ["2"] * 4
+        returns = chart(driver, f"{env}-return-vs-updates")
+        lines = hover(driver, returns, at, point["mean"])
+        assert lines[:2] == [label, f"update {at}"]
+        value, spread, seeds = tooltip_value(lines, "mean return")
+        assert (value, spread, seeds) == (pytest.approx(point["mean"], rel=1e-3, abs=1e-4),
+                                          pytest.approx(point["std"], rel=1e-2, abs=1e-4), 2)
+
+        lines = hover(driver, chart(driver, "report-bandit-HAEPO-heatmap-lr-batch"), 1, 0)  # batch 8, lr 0.01
+        assert lines[0] == "lr=0.01, batch_size=8"
+        value, spread, seeds = tooltip_value(lines, "final mean return")
+        finals = cell.final(RETURN)
+        assert (value, spread, seeds) == (pytest.approx(finals.mean(), rel=1e-3, abs=1e-4),
+                                          pytest.approx(finals.std(), rel=1e-2, abs=1e-4), 2)
+
+        assert_legend_toggles(driver, returns, label)
+
+        ordered = sorted(report.table["return mean"])
+        assert [float(v) for v in sort_by(driver, "results-0", "return mean")] == pytest.approx(ordered, rel=1e-3)
+        assert [float(v) for v in sort_by(driver, "results-0", "return mean")] == pytest.approx(ordered[::-1], rel=1e-3)
+        filter_rows(driver, "results-0", "lr=0.1")
+        assert sorted(column(driver, "results-0", "config")) == ["batch_size=4, lr=0.1", "batch_size=8, lr=0.1"]
+        filter_rows(driver, "results-0", "")
+        tick_row(driver, "results-0", "config", group.config_label)
+        assert_highlighted(driver, returns, label)

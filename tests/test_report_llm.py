@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from chromium import check_page
+from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, assert_zoom_and_reset, chart,
+                      check_page, column, filter_rows, hover, hover_bar, offline_page, sort_by, tick_row, tooltip_value)
 from helpers import sqlite_store
 
 from haepo_ray import names
@@ -41,7 +42,8 @@ SFT_S = 5.0  # train_time_s counts the SFT steps before the first update
 BASE = {
     ("DPO", 5e-5): {names.LLM_REWARD: 0.2, names.LLM_ROUGE_L: 0.10, "memory": 1000.0, "time": 2.0},
     ("GRPO", 5e-5): {names.LLM_REWARD: 0.4, names.LLM_ROUGE_L: 0.20, "memory": 1400.0, "time": 3.0},
-    ("HAEPO", 1e-5): {names.LLM_REWARD: 0.3, names.LLM_ROUGE_L: 0.15, "memory": 1100.0, "time": 1.0},
+    # 0.35: its final reward, 0.75, sorts after 0.6 as a number but after 0.9 as text ("75" > "9").
+    ("HAEPO", 1e-5): {names.LLM_REWARD: 0.35, names.LLM_ROUGE_L: 0.15, "memory": 1100.0, "time": 1.0},
     ("HAEPO", 5e-5): {names.LLM_REWARD: 0.5, names.LLM_ROUGE_L: 0.25, "memory": 1100.0, "time": 1.0},
 }
 OTHER = {names.LLM_SEMANTIC_SIMILARITY: 0.6, names.LLM_PROFANITY_RATE: 0.0, names.LLM_COMPLETION_LENGTH: 20.0,
@@ -64,6 +66,7 @@ def _row(base: dict, seed: int, update: int) -> dict[str, float]:
         **{k: v + TRAINING_SHIFT for k, v in values.items()},
         **{names.llm_eval(k): v for k, v in values.items()},
         **{names.llm_eval(k, "sampled"): v - SAMPLED_SHIFT for k, v in values.items()},
+        names.llm_eval(names.LLM_EXACT_KL, names.LLM_EVAL_POLICY): values[names.LLM_KL],  # the exact KL
         names.LLM_UPDATE_TIME: time_s,
         names.LLM_TRAIN_TIME: SFT_S + update * time_s,
         names.TIME_TOTAL_S: 30.0 + update * time_s,
@@ -129,7 +132,7 @@ def _expected(base: dict) -> dict[str, tuple[float, float]]:
         "semantic similarity": (OTHER[names.LLM_SEMANTIC_SIMILARITY] + final, seed_std),
         "profanity rate": (OTHER[names.LLM_PROFANITY_RATE] + final, seed_std),
         "completion length": (OTHER[names.LLM_COMPLETION_LENGTH] + final, seed_std),
-        "KL sampled": (OTHER[names.LLM_KL] + final - SAMPLED_SHIFT, seed_std),
+        "KL exact": (OTHER[names.LLM_KL] + final, seed_std),
         # forward/backward is the highest phase, at the last update; seeds add 0 and 100 MB.
         "peak memory MB": (2.0 * base["memory"] + 10 * UPDATES + 50, 50),
         "s / update": (base["time"] + 0.25, 0.25),  # the same every update; seed 1 adds 0.5 s
@@ -187,9 +190,58 @@ def test_llm_figures_are_written_and_shown_in_the_page(llm_report):
     memory = (out / f"{section}-peak-memory.svg").read_text()
     assert all(p in memory for p in ("generation", "reference", "forward/backward", "optimizer"))
     page = report.index.read_text()
-    assert all(f.title in page for f in report.figures) and page.count("data:image/png;base64,") == 6
+    assert all(f.title in page for f in report.figures) and page.count('<div class="plot"') == 6
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000 and '<script src="plotly.min.js"' in page
     assert "ROUGE-L mean" in page and "peak memory MB mean" in page
     assert f'<p class="caption">{LLM.caption}</p>' in page
+
+
+def test_llm_charts_hover_hide_and_highlight_offline_in_headless_chromium(llm_report):
+    """The page with the network blocked: hovering a held-out reward curve (against updates and
+    against seconds) and a peak-memory bar reads the configuration, the x and the value with
+    its spread over seeds; a legend click hides a method; a drag zooms, a double click resets;
+    the table sorts, filters, and a ticked row highlights its method's curves and bars."""
+    report = llm_report
+    section = "tiny_on_aclsum"
+    grpo = next(g for g in report.groups if g.algorithm == "GRPO")
+    label = f"{EXPERIMENT}: GRPO (default, 2 seeds)"
+    reward = names.llm_eval(names.LLM_REWARD)
+    with offline_page(report.index) as driver:
+        assert_offline(driver, report.index)
+
+        by_update = chart(driver, f"{section}-reward-vs-updates")
+        lines = hover(driver, by_update, 2, 0.4 + 2 * SLOPE + SEED_STEP / 2)
+        assert lines[:2] == [label, "update 2"]
+        assert tooltip_value(lines, "held-out reward (greedy)") == (pytest.approx(0.7), pytest.approx(0.1), 2)
+
+        curve = grpo.curve(reward, names.LLM_TRAIN_TIME)
+        at, point = curve.index[120], curve.iloc[120]
+        lines = hover(driver, chart(driver, f"{section}-reward-vs-seconds"), at, point["mean"])
+        assert lines[:2] == [label, f"{at:.4g} s"]
+        value, spread, seeds = tooltip_value(lines, "held-out reward (greedy)")
+        assert (value, spread, seeds) == (pytest.approx(point["mean"], rel=1e-3), pytest.approx(point["std"], rel=1e-2),
+                                          point["n"])
+
+        memory = chart(driver, f"{section}-peak-memory")
+        lines = hover_bar(driver, memory, label, 2)  # forward/backward: 2 x 1400 MB, + 10 MB an update, + 100 a seed
+        assert lines[:2] == [label, "phase forward/backward"]
+        assert tooltip_value(lines, "peak memory (MB)") == (2 * 1400 + 10 * UPDATES + 50, 50, 2)
+
+        assert_legend_toggles(driver, by_update, label)
+        assert_zoom_and_reset(driver, by_update)
+
+        assert sort_by(driver, "results-0", "reward mean") == ["0.6", "0.75", "0.8", "0.9"]  # as numbers
+        assert column(driver, "results-0", "config")[1] == "lr=1e-05"
+        assert sort_by(driver, "results-0", "reward mean") == ["0.9", "0.8", "0.75", "0.6"]
+        assert sort_by(driver, "results-0", "algorithm") == ["DPO", "GRPO", "HAEPO", "HAEPO"]
+        filter_rows(driver, "results-0", "haepo 1e-05")
+        assert column(driver, "results-0", "config") == ["lr=1e-05"]
+        filter_rows(driver, "results-0", "")
+        assert len(column(driver, "results-0", "config")) == 4
+
+        tick_row(driver, "results-0", "algorithm", "GRPO")
+        for plot in (by_update, memory):
+            assert_highlighted(driver, plot, label)
 
 
 def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
@@ -215,9 +267,15 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
 
     page = check_page(report.index, ARTIFACTS / "report-llm.png")
     assert not page["errors"], page["errors"]
-    assert len(page["image_widths"]) == len(report.figures) == 8  # the LM sweep's 6, RL return vs updates, seconds
+    assert page["plots"] == page["charts"] == len(report.figures) == 8  # the LM sweep's 6, RL vs updates, seconds
+    assert page["image_widths"] == [] and page["table_rows"] == [1, 4]
+
+    # The page copied without plotly.min.js says so and shows the PNGs instead.
+    (tmp_path / "plotly.min.js").unlink()
+    page = check_page(report.index, ARTIFACTS / "report-llm-no-plotly.png")
+    assert len(page["errors"]) == 1 and "plotly.min.js" in page["errors"][0]["message"], page["errors"]
+    assert page["charts"] == 0 and len(page["image_widths"]) == 8
     assert all(width and width > 100 for width in page["image_widths"]), page["image_widths"]
-    assert page["table_rows"] == [1, 4]
 
 
 def test_a_trial_that_reported_nothing_is_listed_without_figures(tmp_path):

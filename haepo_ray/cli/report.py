@@ -14,8 +14,9 @@ def add_parser(subparsers) -> None:
     report = subparsers.add_parser(
         "report", help="turn sweeps in MLflow into figures, tables and an HTML page",
         description="Read the trials of sweeps from MLflow, aggregate them over seeds and write "
-                    "figures (PNG, SVG), results.csv/.md and a self-contained index.html; for language "
-                    "models also each method's held-out results with 95% confidence intervals over seeds "
+                    "figures (PNG, SVG), results.csv/.md and index.html, its charts interactive and offline "
+                    "(plotly.min.js beside it: the folder is the page); for language "
+                    "models also each method's held-out results with 95% confidence intervals over seeds and prompts "
                     "and its win rates against the others (llm_results.csv, win_rates.csv).")
     add_experiment(report, "an MLflow experiment (a sweep's name; repeatable; default: all)", repeat=True)
     report.add_argument("--out", default=str(Path(".haepo") / "report"), metavar="DIR",
@@ -44,5 +45,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     for warning in report.warnings:  # again where a script's reader looks for trouble
         print(f"WARNING: {warning}", file=sys.stderr)
     files = ["results.csv", *(name for name, part in report.llm_files.items() if len(part)), "results.md"]
-    print(f"\n{len(report.figures)} figures, {', '.join(files)} and index.html in {report.out.resolve()}")
+    print(f"\n{len(report.figures)} figures, {', '.join(files)} and index.html (with plotly.min.js) in "
+          f"{report.out.resolve()}")
     return 0

@@ -30,6 +30,7 @@ __all__ = [
     "load_aclsum",
     "load_examples",
     "load_tldr",
+    "shown_source",
     "split_examples",
 ]
 
@@ -226,15 +227,21 @@ def check_disjoint(splits: Splits) -> None:
                          f"prompts (first: {shared[:3]})")
 
 
-def format_prompt(example: Example, tokenizer: Any, max_source_words: int | None = None) -> str:
-    """The prompt text: the chat template's user turn where the tokenizer has one, else plain.
-
-    The source is cut to its first ``max_source_words`` words (Reddit posts can be long).
-    """
+def shown_source(example: Example, max_source_words: int | None = None) -> str:
+    """The source as the model sees it: its first ``max_source_words`` words (Reddit posts can
+    be long), all of it where ``None`` or shorter."""
     source = example.source
     if max_source_words is not None and len(words := source.split()) > max_source_words:
         source = " ".join(words[:max_source_words])
-    message = f"{example.instruction}\n\n{source}"
+    return source
+
+
+def format_prompt(example: Example, tokenizer: Any, max_source_words: int | None = None) -> str:
+    """The prompt text: the chat template's user turn where the tokenizer has one, else plain.
+
+    The source is :func:`shown_source`.
+    """
+    message = f"{example.instruction}\n\n{shown_source(example, max_source_words)}"
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True

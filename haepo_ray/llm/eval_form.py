@@ -3,21 +3,27 @@ training seed, as the paper ran it ("the exact questionnaire of a seed ... Each 
 participants").
 
 Input: the generations that ``haepo llm train --out DIR`` writes to ``DIR/generations.jsonl``,
-one JSON object per completion ``{"update", "prompt_id", "source", "reference", "completion",
-"reward", "algorithm", "model", "seed"}``, from files or from the trial runs of an MLflow
-experiment (artifact ``generations.jsonl``). Output, in one folder, per training seed ``S``:
+one JSON object per completion ``{"update", "prompt_id", "source", "reference", "instruction",
+"shown_source", "completion", "reward", "algorithm", "model", "seed"}`` (:data:`FIELDS`),
+from files or from the trial runs of an MLflow experiment (artifact ``generations.jsonl``).
 
-- ``form-seedS.html`` (:mod:`haepo_ray.llm.eval_page`): one page per post, its summaries by
-  slot number only; nothing in it names an algorithm, model, run or seed.
+A *method* is an algorithm with its configuration, named as the report names it
+(:func:`~haepo_ray.report.runs.method_name`: ``HAEPO (length_normalize=True)``): from MLflow,
+the trial run's search values but the seed; from a file, the record's optional ``method`` or
+else its algorithm. Output, in one folder, per training seed ``S``:
+
+- ``form-seedS.html`` (:mod:`haepo_ray.llm.eval_page`): one page per post, showing what the
+  models were given (the instruction and the source as cut for them, not the whole source)
+  and its summaries by slot number only; nothing in it names a method, model, run or seed.
 - ``key-seedS.csv``: one row per post x slot, :data:`KEY_COLUMNS`; ``rouge_l`` is the
   summary's ROUGE-L F1 against the author's TL;DR, which decides the alignment rate
   (:mod:`haepo_ray.llm.eval_score`). Keep it away from the raters.
 
-Selection, from ``--seed``: per form (training seed) and (algorithm, model) one run of that
-seed (a random one when several runs share it); per run and prompt the completion of its last
-update; ``posts`` random prompts that every chosen run of every form has, the same posts on
-every form; per form and post the slots shuffled. Every form has every (algorithm, model) that
-any of the forms has.
+Selection, from ``--seed``: per form (training seed) and (method, model) one run of that seed
+(a random one when several runs of one method share it); per run and prompt the completion of
+its last update; ``posts`` random prompts that every chosen run of every form has, the same
+posts on every form; per form and post the slots shuffled. Every form has every (method,
+model) that any of the forms has.
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ from haepo_ray.llm.rewards import rouge_l
 from haepo_ray.names import PARENT_RUN, ROLE
 
 GENERATIONS = "generations.jsonl"
-KEY_COLUMNS = ("form_id", "post", "slot", "prompt_id", "algorithm", "model", "run_id", "seed",
+KEY_COLUMNS = ("form_id", "post", "slot", "prompt_id", "method", "algorithm", "model", "run_id", "seed",
                "update", "rouge_l")
-# Keys of a generations.jsonl object and their JSON types (bool is no int here).
-FIELDS = {"update": int, "prompt_id": str, "source": str, "reference": str, "completion": str,
-          "reward": (int, float), "algorithm": str, "model": str, "seed": int}
+# Keys of a generations.jsonl object and their JSON types (bool is no int here); "method" may be
+# there too (a string).
+FIELDS = {"update": int, "prompt_id": str, "source": str, "reference": str, "instruction": str,
+          "shown_source": str, "completion": str, "reward": (int, float), "algorithm": str, "model": str,
+          "seed": int}
 
 
 @dataclass(frozen=True)
@@ -55,14 +63,17 @@ class Generation:
     prompt_id: str
     source: str
     reference: str
+    instruction: str  # what the model was asked
+    shown_source: str  # the source as the model saw it (cut to max_source_words)
     completion: str
     algorithm: str
     model: str
     seed: int
+    method: str  # the algorithm with its configuration (module docstring)
 
     @property
     def system(self) -> tuple[str, str]:
-        return self.algorithm, self.model
+        return self.method, self.model
 
 
 @dataclass(frozen=True)
@@ -72,12 +83,17 @@ class Post:
     prompt_id: str
     source: str
     reference: str
+    instruction: str
+    shown_source: str
     slots: tuple[Generation, ...]
 
 
-def read_generations(path: str | Path, run_id: str | None = None) -> list[Generation]:
+def read_generations(path: str | Path, run_id: str | None = None, config_label: str | None = None) -> list[Generation]:
     """The records of one ``generations.jsonl`` (of MLflow run ``run_id``, else of the run
-    named by its path); ``ValueError`` naming file or run, line and key."""
+    named by its path), their method the algorithm with ``config_label`` (that run's), else the
+    record's ``method``, else its algorithm; ``ValueError`` naming file or run, line and key."""
+    from haepo_ray.report.runs import method_name
+
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -93,7 +109,10 @@ def read_generations(path: str | Path, run_id: str | None = None) -> list[Genera
                 raise ValueError(f"{where}: key {key!r} is missing (a record has {sorted(FIELDS)})")
             if isinstance(obj[key], bool) or not isinstance(obj[key], kind):
                 raise ValueError(f"{where}: {key!r} must be {_kind_name(kind)}, got {obj[key]!r}")
-        records.append(Generation(run_id=run_id or str(path), **{
+        if not isinstance(obj.get("method", ""), str):
+            raise ValueError(f"{where}: 'method' must be a string, got {obj['method']!r}")
+        method = method_name(obj["algorithm"], config_label) if config_label else obj.get("method", obj["algorithm"])
+        records.append(Generation(run_id=run_id or str(path), method=method, **{
             k: obj[k] for k in FIELDS if k != "reward"}))
     return records
 
@@ -119,9 +138,11 @@ def no_progress_bars() -> Iterator[None]:
 
 def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generation]:
     """The records of every trial run (tag ``haepo.role`` = ``trial``, a sweep's child) of
-    ``experiment`` that has a ``generations.jsonl`` artifact, each with its run id.
+    ``experiment`` that has a ``generations.jsonl`` artifact, each with its run id and its
+    method named by the run's configuration (:func:`~haepo_ray.report.runs.run_config_label`).
 
     ``LookupError`` when the store, the experiment or any generations are missing."""
+    from haepo_ray.report.runs import run_config_label
     from haepo_ray.tracking import experiment_named, open_store, search_all_runs
 
     client = open_store(tracking_uri)
@@ -133,7 +154,8 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
         for run in runs:
             run_id = run.info.run_id
             if GENERATIONS in {a.path for a in client.list_artifacts(run_id)}:
-                records += read_generations(client.download_artifacts(run_id, GENERATIONS, tmp), run_id)
+                records += read_generations(client.download_artifacts(run_id, GENERATIONS, tmp), run_id,
+                                            run_config_label(run))
     if not records:
         raise LookupError(f"MLflow experiment {experiment!r} at {tracking_uri} has no generations: "
                           f"none of its {len(runs)} trial runs has a {GENERATIONS} artifact "
@@ -143,8 +165,8 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
 
 def pick_forms(records: Iterable[Generation], posts: int, seed: int,
                seeds: Sequence[int] | None = None) -> dict[int, list[Post]]:
-    """Training seed -> its form's ``posts`` pages, each with one summary per (algorithm,
-    model) of that seed in shuffled slots; a form per seed of the records, or per ``seeds``."""
+    """Training seed -> its form's ``posts`` pages, each with one summary per (method, model)
+    of that seed in shuffled slots; a form per seed of the records, or per ``seeds``."""
     if posts < 1:
         raise ValueError(f"--posts must be at least 1, got {posts}")
     latest = _latest_per_run(records)
@@ -164,12 +186,12 @@ def pick_forms(records: Iterable[Generation], posts: int, seed: int,
         lacking = [system for system in systems if system not in runs[s]]
         if lacking:
             raise LookupError(f"training seed {s} has no run of {_names(lacking)}: every form needs "
-                              f"every algorithm and model ({_names(systems)}); pick --seeds that have them all")
+                              f"every method and model ({_names(systems)}); pick --seeds that have them all")
     rngs = {s: random.Random(f"{seed}/{s}") for s in seeds}  # a form's choices, whatever the other seeds
     chosen = {s: [rngs[s].choice(runs[s][system]) for system in systems] for s in seeds}
     common = set.intersection(*(set(latest[run_id]) for s in seeds for run_id in chosen[s]))
     if len(common) < posts:
-        raise LookupError(f"only {len(common)} prompts have a completion from every algorithm and "
+        raise LookupError(f"only {len(common)} prompts have a completion from every method and "
                           f"model ({_names(systems)}) of training seeds {', '.join(map(str, seeds))}; "
                           f"ask for --posts {len(common)} or fewer")
     prompts = random.Random(seed).sample(sorted(common), posts)
@@ -181,9 +203,14 @@ def pick_forms(records: Iterable[Generation], posts: int, seed: int,
             if (other.source, other.reference) != (first.source, first.reference):
                 raise ValueError(f"prompt {prompt_id!r} has a different source or reference in runs "
                                  f"{first.run_id} and {other.run_id} (generations of different data sets?)")
+            if (other.instruction, other.shown_source) != (first.instruction, first.shown_source):
+                raise ValueError(f"prompt {prompt_id!r} was put to runs {first.run_id} and {other.run_id} "
+                                 f"differently (instruction or source as shown; another max_source_words?): "
+                                 f"a form shows its summaries one input")
         for s in seeds:
             rngs[s].shuffle(slots[s])
-            forms[s].append(Post(prompt_id, first.source, first.reference, tuple(slots[s])))
+            forms[s].append(Post(prompt_id, first.source, first.reference, first.instruction, first.shown_source,
+                                 tuple(slots[s])))
     return forms
 
 
@@ -197,9 +224,9 @@ def _latest_per_run(records: Iterable[Generation]) -> dict[str, dict[str, Genera
     for rec in records:
         runs = latest[rec.run_id]
         first = next(iter(runs.values()), rec)
-        if (first.algorithm, first.model, first.seed) != (rec.algorithm, rec.model, rec.seed):
-            raise ValueError(f"run {rec.run_id} mixes runs: {first.algorithm}/{first.model}/seed "
-                             f"{first.seed} and {rec.algorithm}/{rec.model}/seed {rec.seed}")
+        if (first.method, first.model, first.seed) != (rec.method, rec.model, rec.seed):
+            raise ValueError(f"run {rec.run_id} mixes runs: {first.method}/{first.model}/seed "
+                             f"{first.seed} and {rec.method}/{rec.model}/seed {rec.seed}")
         old = runs.get(rec.prompt_id)
         if old is not None and old.update == rec.update:
             raise ValueError(f"run {rec.run_id} has two completions of prompt {rec.prompt_id!r} "
@@ -212,7 +239,7 @@ def _latest_per_run(records: Iterable[Generation]) -> dict[str, dict[str, Genera
 def key_rows(pages: Sequence[Post]) -> list[dict[str, str]]:
     """The rows of ``key.csv`` (all values as written), ``form_id`` a hash of the rest: the
     form carries it so that answers are never scored against another form's key."""
-    rows = [{"post": str(p), "slot": str(s), "prompt_id": g.prompt_id, "algorithm": g.algorithm,
+    rows = [{"post": str(p), "slot": str(s), "prompt_id": g.prompt_id, "method": g.method, "algorithm": g.algorithm,
              "model": g.model, "run_id": g.run_id, "seed": str(g.seed), "update": str(g.update),
              "rouge_l": f"{rouge_l(g.completion, page.reference):.6f}"}
             for p, page in enumerate(pages, 1) for s, g in enumerate(page.slots, 1)]

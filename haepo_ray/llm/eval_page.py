@@ -1,7 +1,9 @@
 """``form.html`` of the blinded human evaluation: one self-contained page (inline CSS and
 script, no network), one page per post, shown one at a time.
 
-Per post: the post text and its summaries labelled by slot number only; per summary a rating
+Per post: what the models were given, the instruction and the source as cut for them (not the
+whole source: the models never saw the rest), and its summaries labelled by slot number only;
+per summary a rating
 on the paper's scale (:data:`SCALE`), a radio button "closest to the author's TL;DR" (one
 choice per post: the rater's A/B vote) and an optional free-text comment. The author's TL;DR
 itself is not shown. Nothing names an algorithm, model, run or seed; every text is
@@ -121,7 +123,8 @@ def render_form(pages: Sequence[Post], form_id: str) -> str:
 <style>{_CSS}</style></head>
 <body data-form="{escape(form_id)}">
 <h1>Summary evaluation</h1>
-<p>You will be shown {len(pages)} posts, one per page. Read the post, then rate each of its
+<p>You will be shown {len(pages)} posts, one per page: a text and the instruction its summaries
+were written to, exactly as the writers were given them. Read them, then rate each of its
 {slots} summaries on the scale {SCALE_TEXT}, pick the one summary you think is closest
 to the TL;DR the author would write, and, if you like, comment on any summary. The summaries
 are shuffled; you are not told who or what wrote them.</p>
@@ -147,7 +150,8 @@ def _section(post: int, page: Post) -> str:
                           for slot, gen in enumerate(page.slots, 1))
     return f"""<section class="post" data-post="{post}">
 <h2>Post {post}</h2>
-<blockquote>{escape(page.source)}</blockquote>
+<p class="instruction">The instruction: <b>{escape(page.instruction)}</b></p>
+<blockquote>{escape(page.shown_source)}</blockquote>
 {summaries}
 </section>"""
 

@@ -7,7 +7,9 @@ Each answer row goes to the form whose key has its ``form_id``; a row whose form
 the keys' is refused. A rater is one rater id on one form (the paper's participants each
 answered one seed's form: "Each seed had 8 participants").
 
-- Rating of an (algorithm, model), the paper's question: each rater's mean rating of its
+- Rating of a (method, model), the paper's question (a method: an algorithm with its
+  configuration, as the key names it, e.g. ``HAEPO (length_normalize=True)``; two
+  configurations of one algorithm are two columns): each rater's mean rating of its
   summaries, then the mean and the *sample* standard deviation (ddof 1) of those rater means:
   per seed over the raters of that seed's forms; pooled over all raters of all seeds, each
   rater once (not a mean of seed means), as the paper reports "mean +- 1 std across 40
@@ -38,7 +40,8 @@ from haepo_ray.llm.eval_form import KEY_COLUMNS
 from haepo_ray.llm.eval_page import ANSWER_COLUMNS, SCALE, SCALE_TEXT
 from haepo_ray.tables import format_table
 
-COMMENT_COLUMNS = ("seed", "form_id", "post", "prompt_id", "slot", "algorithm", "model", "rater", "comment")
+COMMENT_COLUMNS = ("seed", "form_id", "post", "prompt_id", "slot", "method", "algorithm", "model", "rater",
+                   "comment")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class KeyRow:
     post: int
     slot: int
     prompt_id: str
+    method: str
     algorithm: str
     model: str
     rouge_l: float
@@ -82,7 +86,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Scores:
-    cells: dict[tuple[str, str], Cell]  # (algorithm, model) -> rating
+    cells: dict[tuple[str, str], Cell]  # (method, model) -> rating
     aligned: int
     votes: int
     raters: int
@@ -132,7 +136,7 @@ def read_key(path: str | Path) -> Key:
     first: tuple[str, int] | None = None
     slots: dict[tuple[int, int], KeyRow] = {}
     for where, row in _rows(path, KEY_COLUMNS):
-        k = KeyRow(_number(where, row, "post"), _number(where, row, "slot"), row["prompt_id"],
+        k = KeyRow(_number(where, row, "post"), _number(where, row, "slot"), row["prompt_id"], row["method"],
                    row["algorithm"], row["model"], _number(where, row, "rouge_l", float))
         form = row["form_id"], _number(where, row, "seed")
         first = first or form
@@ -168,7 +172,7 @@ def read_answers(paths: Iterable[str | Path]) -> list[Answer]:
 
 
 def score(keys: Sequence[Key], answers: Sequence[Answer]) -> Report:
-    """Ratings per (algorithm, model) and alignment rates per training seed and pooled, and the
+    """Ratings per (method, model) and alignment rates per training seed and pooled, and the
     comments; ``ValueError`` naming the file and line of an answer that fits no key."""
     forms: dict[str, Key] = {}
     for key in keys:
@@ -196,11 +200,11 @@ def score(keys: Sequence[Key], answers: Sequence[Answer]) -> Report:
                              f"{a.form_id} already ({seen[a.form_id, a.rater, a.post, a.slot]})")
         seen[a.form_id, a.rater, a.post, a.slot] = a.where
         per_post[a.form_id, a.rater, a.post].append(a)
-        ratings[k.algorithm, k.model][a.form_id, a.rater].append(a.rating)
+        ratings[k.method, k.model][a.form_id, a.rater].append(a.rating)
         if a.comment:
             comments.append({"seed": str(key.seed), "form_id": a.form_id, "post": str(a.post),
-                             "prompt_id": k.prompt_id, "slot": str(a.slot), "algorithm": k.algorithm,
-                             "model": k.model, "rater": a.rater, "comment": a.comment})
+                             "prompt_id": k.prompt_id, "slot": str(a.slot), "method": k.method,
+                             "algorithm": k.algorithm, "model": k.model, "rater": a.rater, "comment": a.comment})
     aligned: dict[tuple[str, str, int], bool] = {}
     for (form_id, rater, post), rows in per_post.items():
         chosen = [a for a in rows if a.closest]
@@ -242,13 +246,13 @@ def write_comments(report: Report, path: str | Path) -> Path:
 
 
 def format_report(report: Report) -> str:
-    """Per training seed and pooled: the paper's table (rows model, columns algorithm, mean +-
+    """Per training seed and pooled: the paper's table (rows model, columns method, mean +-
     std) and the alignment rate; then what each number is and whose question it is."""
     seeds = ", ".join(map(str, report.seeds))
     blocks = [_block(f"seed {s}", scores) for s, scores in report.seeds.items()]
     blocks.append(_block(f"pooled over seeds {seeds}", report.pooled))
     notes = [
-        f"rating 1-5 ({SCALE_TEXT}), the paper's question: each rater's mean rating of a system's "
+        f"rating 1-5 ({SCALE_TEXT}), the paper's question: each rater's mean rating of a method's "
         f"summaries, then mean ± sample std of those across raters (per seed: that seed's raters; "
         f"pooled: all raters of all seeds, each once); a rater is one rater id on one form",
         "alignment rate, added by this project (the paper's form has no such question): the fraction "
@@ -261,12 +265,12 @@ def format_report(report: Report) -> str:
 
 
 def _block(title: str, scores: Scores) -> str:
-    algorithms = sorted({a for a, _ in scores.cells})
+    methods = sorted({a for a, _ in scores.cells})
     models = sorted({m for _, m in scores.cells})
-    rows = [[model, *(_cell(scores.cells.get((a, model))) for a in algorithms)] for model in models]
+    rows = [[model, *(_cell(scores.cells.get((a, model))) for a in methods)] for model in models]
     return "\n".join([
         f"{title} ({scores.raters} raters)",
-        format_table(["Model", *algorithms], rows),
+        format_table(["Model", *methods], rows),
         f"alignment rate: {scores.alignment_rate:.3f} ({scores.aligned} of {scores.votes} votes)",
     ])
 

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from haepo_ray.llm.distributed import World
 from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, group_loss, objective_of
-from haepo_ray.llm.rollout import Batch, token_stats
+from haepo_ray.llm.rollout import Batch, completion_logits, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
 __all__ = ["Phase", "Policy", "model_passes", "no_phase"]
@@ -219,6 +219,25 @@ class Policy:
     def logp(self, batch: Batch) -> Tensor:
         """The trained policy's token log-probs of ``batch``, without gradient, as :meth:`reference_logp`."""
         return self._logp(self.model, batch)
+
+    @torch.no_grad()
+    def exact_kl(self, batch: Batch) -> Tensor:
+        """Per completion of ``batch``, [N]: the sum over its positions of the exact per-token
+        KL(pi || pi_ref) over the vocabulary (:func:`~haepo_ray.llm.rollout.token_kl`), the
+        KL of the two policies' completion distributions when the completions are the policy's
+        own samples; ``micro_batch_size`` rows at a time, under :func:`autocast`. 0 with
+        ``reference`` none (the policy is its own reference)."""
+        if self.settings.reference == "none":
+            return torch.zeros(len(batch), device=batch.input_ids.device)
+        out = []
+        for c in chunks(len(batch), self.settings.micro_batch_size):
+            rows = batch.rows(c)
+            with self.autocast():
+                logits = completion_logits(self.model, rows)
+                with self._reference_model() as reference:
+                    ref_logits = completion_logits(reference, rows)
+            out.append(token_kl(logits, ref_logits, rows.completion_mask).sum(1))
+        return torch.cat(out)
 
     def _logp(self, model: Any, batch: Batch) -> Tensor:
         return torch.cat([self.stats(model, batch.rows(c), False)[0]

@@ -31,6 +31,7 @@ __all__ = [
     "STATIC_PROMPT_MULTIPLE",
     "Batch",
     "completion_batch",
+    "completion_logits",
     "concat_batches",
     "generate",
     "padded_prompt_width",
@@ -39,6 +40,7 @@ __all__ = [
     "sampling_kwargs",
     "sequence_kl",
     "sequence_logp",
+    "token_kl",
     "token_stats",
 ]
 
@@ -224,20 +226,40 @@ def token_stats(model: Any, batch: Batch, with_entropy: bool = False, *, logits:
     are the LM head of the decoder's output: Llama, Qwen2).
     """
     width = batch.completion_mask.shape[1]
-    position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": position_ids,
-              "use_cache": False}
     targets = batch.input_ids[:, -width:]
     if logits == "chunked":
-        hidden = model.get_decoder()(**inputs).last_hidden_state[:, -width - 1:-1]
+        hidden = model.get_decoder()(**_inputs(batch)).last_hidden_state[:, -width - 1:-1]
         logp, entropy = _chunked_stats(model.get_output_embeddings(), hidden, targets, with_entropy, logits_chunk)
     else:
-        # position P - 1 + t predicts completion token t
-        scores = model(**inputs, logits_to_keep=width + 1).logits[:, :-1]
+        scores = completion_logits(model, batch)
         logp, entropy = (_full_stats if logits == "full" else _gather_stats)(scores, targets, with_entropy)
     mask = batch.completion_mask
     logp = torch.where(mask, logp, torch.zeros_like(logp))
     return logp, (None if entropy is None else torch.where(mask, entropy, torch.zeros_like(entropy)))
+
+
+def _inputs(batch: Batch) -> dict[str, Any]:
+    """A model pass's inputs: position ids from the attention mask, no KV cache."""
+    position_ids = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": position_ids,
+            "use_cache": False}
+
+
+def completion_logits(model: Any, batch: Batch) -> Tensor:
+    """The logits that predict each completion token, [N, T, V], in the model's dtype: position
+    P - 1 + t predicts completion token t (only these go through the LM head)."""
+    width = batch.completion_mask.shape[1]
+    return model(**_inputs(batch), logits_to_keep=width + 1).logits[:, :-1]
+
+
+def token_kl(logits: Tensor, ref_logits: Tensor, completion_mask: Tensor) -> Tensor:
+    """KL(pi(. | x, y_<t) || pi_ref(. | x, y_<t)) = sum_v pi_v (log pi_v - log pi_ref_v) over the
+    vocabulary at each completion position, [N, T] (0 off the mask), from the two policies'
+    :func:`completion_logits` of the same batch, in float32 or wider; never negative (rounding
+    below 0 is cut)."""
+    log_p, log_ref = torch.log_softmax(_float(logits), -1), torch.log_softmax(_float(ref_logits), -1)
+    kl = (log_p.exp() * (log_p - log_ref)).sum(-1).clamp(min=0)
+    return torch.where(completion_mask, kl, torch.zeros_like(kl))
 
 
 def _float(logits: Tensor) -> Tensor:

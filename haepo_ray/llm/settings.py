@@ -144,6 +144,7 @@ class LLMTrainSettings:
     split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
     eval_every: int = 0
     eval_samples: int = 1  # completions per held-out prompt sampled at temperature
+    kl_samples: int = 4  # completions per held-out prompt sampled from the policy for the exact KL
     eval_batch: int = 8  # held-out prompts per generation call of the evaluation
     eval_start: bool = False  # also evaluate the SFT start, before the first RL update (update 0)
     reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)  # token F1, cosine, length closeness
@@ -152,7 +153,7 @@ class LLMTrainSettings:
         counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
                   "max_new_tokens": 1, "min_new_tokens": 1, "max_source_words": 1, "micro_batch_size": 0,
                   "eval_prompts": 1, "eval_every": 0, "split_seed": 0, "lora_r": 0, "logits_chunk": 1,
-                  "num_iterations": 1, "eval_samples": 1, "eval_batch": 1}
+                  "num_iterations": 1, "eval_samples": 1, "kl_samples": 1, "eval_batch": 1}
         for name, low in counts.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -263,6 +264,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "split_seed": "seed of the held-out / SFT / RL split (the same for every run)",
     "eval_every": "also evaluate on the held-out prompts every N updates (0: only after the last)",
     "eval_samples": "completions per held-out prompt sampled at the training temperature",
+    "kl_samples": "completions per held-out prompt sampled from the policy (temperature 1, EOS allowed) for the "
+                  "exact KL to the reference (eval/policy/kl_exact)",
     "eval_batch": "held-out prompts per generation call of the evaluation (its sampled completions: one call "
                   "from the call's first prompt's seed)",
     "eval_start": "also evaluate the SFT start before the first RL update (update 0; in that update's row as "

@@ -70,8 +70,8 @@ def key_fields(settings: LLMTrainSettings) -> dict[str, Any]:
 
 # What a start's held-out evaluation depends on besides the start (haepo_ray.llm.evaluate): a run
 # takes a shared start's evaluation as its own only where these agree (LLMRun.load_sft).
-_EVAL_FIELDS = ("eval_batch", "eval_samples", "max_new_tokens", "min_new_tokens", "temperature", "decoding",
-                "reward_weights", "reference", "logits")
+_EVAL_FIELDS = ("eval_batch", "eval_samples", "kl_samples", "max_new_tokens", "min_new_tokens", "temperature",
+                "decoding", "reward_weights", "reference", "logits")
 
 
 def evaluation_fields(settings: LLMTrainSettings) -> dict[str, Any]:

@@ -42,14 +42,17 @@ human-evaluation form read it):
   their sum is the writing of rows and checkpoints.
 - The held-out evaluation (:mod:`haepo_ray.llm.evaluate`), after the last update and every
   ``eval_every`` updates if > 0: that update's row gains ``"eval": {"greedy": {...},
-  "sampled": {...}}``, which MLflow logs as ``eval/greedy/<metric>`` and ``eval/sampled/<metric>``.
-  With ``eval_start`` the SFT start is evaluated too, before the first update: the first
-  update's row gains ``"eval_start": {"greedy": {...}, "sampled": {...}}`` (logged as
-  ``eval_start/<mode>/<metric>``), its greedy completions go to generations.jsonl as update 0.
-- ``generations.jsonl``: one object per greedy completion of each evaluation: ``{"update":
-  int, "prompt_id": str, "source": str, "reference": str, "completion": str, "reward": float,
-  "token_f1": float, "semantic_similarity": float, "length_closeness": float, "rouge_l":
-  float, "rouge_2": float, "completion_length": int, "kl": float, "algorithm": str, "model": str, "seed": int}``.
+  "sampled": {...}, "policy": {...}}``, which MLflow logs as ``eval/<mode>/<metric>``. With
+  ``eval_start`` the SFT start is evaluated too, before the first update: the first update's
+  row gains ``"eval_start": {...}`` (the same modes, logged as ``eval_start/<mode>/<metric>``),
+  its records go to generations.jsonl as update 0.
+- ``generations.jsonl``: one object per held-out prompt of each evaluation, its greedy
+  completion's: ``{"update": int, "prompt_id": str, "source": str, "reference": str,
+  "instruction": str, "shown_source": str, "completion": str, "reward": float, "token_f1":
+  float, "semantic_similarity": float, "length_closeness": float, "rouge_l": float, "rouge_2":
+  float, "completion_length": int, "kl_exact": float, "algorithm": str, "model": str, "seed": int}``
+  (``shown_source``: the source as the model saw it; ``kl_exact``: the prompt's exact KL to the
+  reference on the policy's own samples, :mod:`haepo_ray.llm.evaluate`).
 
 Sampling is seeded per prompt, (seed, update, the prompt's position in the update)
 (:func:`~haepo_ray.llm.distributed.sample_seed`): a run is reproducible, on one worker or
@@ -377,7 +380,7 @@ class LLMRun:
 
     def _evaluate(self) -> dict[str, Any]:
         """The held-out evaluation on rank 0 (:mod:`haepo_ray.llm.evaluate`): ``{"eval":
-        {"greedy": means, "sampled": means}}``, the greedy completions written to
+        {"greedy": means, "sampled": means, "policy": means}}``, the records written to
         generations.jsonl; ``{}`` elsewhere."""
         if not self.world.is_main:
             return {}

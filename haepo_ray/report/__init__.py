@@ -13,14 +13,15 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
   each kind as its own table, under its caption, the CSV holds both;
 - for language-model groups, ``llm_results.csv`` and ``win_rates.csv``: per method (an
   algorithm and configuration), the held-out results' mean and 95% confidence interval over
-  seeds, and its win rates against the other methods on the held-out prompts
+  seeds and held-out prompts, and its win rates against the other methods on the held-out prompts
   (:mod:`~haepo_ray.report.llm_results`), in every output too; with them the SFT start as a
   method of its own (one per seed, :mod:`~haepo_ray.report.sft_start`), in every table and
   figure, and ``optimised.csv`` and ``verdicts.csv``: which method optimised each metric, and
   each pair's verdict by the metrics neither optimised (:mod:`~haepo_ray.report.optimised`);
 - the figures of :mod:`~haepo_ray.report.figures`, each as PNG and SVG;
-- ``index.html``: the table and every figure in one self-contained page (figures embedded,
-  no network access needed);
+- ``index.html`` and ``plotly.min.js`` beside it: the tables (sortable, filterable, their rows
+  highlighting their curves) and every figure as an interactive chart, with no network access
+  needed (:mod:`~haepo_ray.report.page`);
 - ``unfinished.csv`` when some trials did not finish (failed, killed, still running): they
   are listed apart in every output and left out of the aggregates unless
   ``include_unfinished`` (:mod:`~haepo_ray.report.status`);
@@ -32,8 +33,6 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
 
 from __future__ import annotations
 
-import base64
-import html
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +41,9 @@ import pandas as pd
 
 from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
-from haepo_ray.report.kinds import LLM
 from haepo_ray.report.llm_results import METHODS_TITLE, methods_table, numbers, texts, win_rate_matrices, win_rates
 from haepo_ray.report.optimised import OPTIMISED_TITLE, VERDICTS_TITLE, optimisation_table, verdicts
+from haepo_ray.report.page import caption, render_html, write_plotly
 from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
 from haepo_ray.report.runs import load_trials
 from haepo_ray.report.sft_start import start_groups
@@ -128,7 +127,8 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
             numbers(part).to_csv(out / name, index=False)
     extras = "".join(f"\n\n{title}:\n\n{_markdown(t)}" for title, t in report.extras)
     (out / "results.md").write_text(_warning_lines(report) + to_markdown(table) + extras + "\n")
-    report.index.write_text(render_html(report, tracking_uri))
+    write_plotly(out)
+    report.index.write_text(render_html(report, tracking_uri), encoding="utf-8")
     return report
 
 
@@ -138,13 +138,8 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n\n".join(_captioned(part, _markdown(part)) for part in by_kind(table))
 
 
-def _caption(part: pd.DataFrame) -> str:
-    """The caption of a kind's table (of :func:`by_kind`; language-model rows name a model)."""
-    return LLM.caption if "model" in part else ""
-
-
 def _captioned(part: pd.DataFrame, rendered: str) -> str:
-    return "\n\n".join(filter(None, [_caption(part), rendered]))
+    return "\n\n".join(filter(None, [caption(part), rendered]))
 
 
 def _markdown(table: pd.DataFrame) -> str:
@@ -172,49 +167,3 @@ def report_text(report: Report) -> str:
     did not finish and the provenance."""
     extras = "".join(f"\n\n{title}:\n{_text(t)}" for title, t in report.extras)
     return _warning_lines(report) + to_text(report.table) + extras
-
-
-def render_html(report: Report, tracking_uri: str) -> str:
-    """index.html: the results tables, then every figure (PNG embedded as a data URI)."""
-    table = "\n".join((f'<p class="caption">{html.escape(_caption(part))}</p>\n' if _caption(part) else "")
-                      + part.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, classes="results")
-                      for part in by_kind(report.table))
-    for title, extra in report.extras:
-        table += f"\n<h2>{html.escape(title)}</h2>\n" + extra.to_html(index=False, border=0, classes="extra")
-    warnings = "".join(f'<p class="warning">WARNING: {html.escape(w)}</p>\n' for w in report.warnings)
-    sections = []
-    for section in dict.fromkeys(f.section for f in report.figures):
-        images = []
-        for figure in (f for f in report.figures if f.section == section):
-            data = base64.b64encode((report.out / f"{figure.stem}.png").read_bytes()).decode()
-            images.append(
-                f'<figure><img alt="{html.escape(figure.title)}" src="data:image/png;base64,{data}">'
-                f'<figcaption>{html.escape(figure.title)} (<a href="{figure.stem}.svg">SVG</a>)'
-                "</figcaption></figure>"
-            )
-        sections.append(f"<h2>{html.escape(section)}</h2>\n" + "\n".join(images))
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>haepo-ray report</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; color: #222; }}
-table.results, table.extra {{ border-collapse: collapse; font-size: 0.85em; }}
-table.results th, table.results td, table.extra th, table.extra td {{ padding: 0.2em 0.6em; border-bottom: 1px solid #ddd; text-align: left; }}
-p.warning {{ color: #a40000; font-weight: bold; }}
-figure {{ display: inline-block; margin: 1em; vertical-align: top; }}
-figure img {{ max-width: 640px; }}
-figcaption {{ font-size: 0.8em; }}
-</style></head>
-<body>
-<h1>haepo-ray report</h1>
-<p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
-<code>{html.escape(tracking_uri)}</code>. Mean and std over seeds (the language-model methods and
-win rates: mean and 95% confidence interval); updates are training
-iterations (RL updates for language models); per environment (or model and data set), the
-curves show every configuration of a sweep of up to four, and the best one, by final return
-(held-out reward), of a larger grid (its heatmaps show the rest). Language models: the held-out
-evaluation's values (eval/*, never the training samples' metrics), peak memory over updates and
-phases, seconds per RL update.</p>
-{warnings}{table}
-{chr(10).join(sections)}
-</body></html>
-"""

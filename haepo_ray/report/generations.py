@@ -1,9 +1,11 @@
-"""The scores of a language-model trial's held-out greedy completions, per prompt, from its
-run's ``generations.jsonl`` artifact (:mod:`haepo_ray.llm.train` writes one record per prompt
-and evaluation with the completion's reward and its parts against the gold summary; the
-tracking callback logs the file at the run's root): those of the trial's last evaluation, which
-the win rates of :mod:`~haepo_ray.report.llm_results` compare, and those of its SFT start's
-evaluation (update 0, settings ``eval_start``: :mod:`~haepo_ray.report.sft_start`).
+"""The scores of a language-model trial's held-out prompts, per prompt, from its run's
+``generations.jsonl`` artifact (:mod:`haepo_ray.llm.train` writes one record per prompt and
+evaluation: its greedy completion's reward and its parts against the gold summary, the exact
+KL of the policy's samples; the tracking callback logs the file at the run's root): those of
+the trial's last evaluation and the area under each prompt's evaluation curve, which the win
+rates and the bootstrap intervals over prompts of :mod:`~haepo_ray.report.llm_results` read;
+and those of its SFT start's evaluation (update 0, settings ``eval_start``:
+:mod:`~haepo_ray.report.sft_start`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from haepo_ray import names
 from haepo_ray.llm.data import jsonl_rows
 from haepo_ray.llm.eval_form import GENERATIONS, no_progress_bars
+from haepo_ray.report.stats import auc
 
 # What judges a completion (label -> its key in a record): the paper's reward against the gold
 # summary, its semantic-similarity part (all-MiniLM-L6-v2 cosine to the gold summary), and ROUGE-L
@@ -22,27 +25,56 @@ from haepo_ray.llm.eval_form import GENERATIONS, no_progress_bars
 JUDGES = {"reward": "reward", "semantic similarity": names.LLM_SEMANTIC_SIMILARITY, "ROUGE-L": names.LLM_ROUGE_L,
           "ROUGE-2": names.LLM_ROUGE_2}
 
-Scores = dict[str, dict[str, float]]  # prompt id -> record key of a judge -> score
+Scores = dict[str, dict[str, float]]  # prompt id -> record key (or its auc_key) -> score
+NOT_SCORES = ("update", "seed")  # numbers of a record that are no score
+
+
+def auc_key(key: str) -> str:
+    """``reward`` -> ``reward AUC``: the key of a score's area under a prompt's evaluations."""
+    return f"{key} AUC"
 
 
 def final_scores(lines: Iterable[str], where: str) -> Scores:
-    """Prompt id -> judge key -> score of the records of the last update in ``lines`` (a
-    ``generations.jsonl``); a key a record lacks is NaN. ``ValueError`` naming ``where`` and
-    the line of a record that is no object or lacks its update or prompt id."""
+    """Prompt id -> score key -> score, per prompt of the last update in ``lines`` (a
+    ``generations.jsonl``): each number of its record there (a judge's key a record lacks is
+    NaN), and under :func:`auc_key` the area under that number's curve over the prompt's
+    updates (:func:`~haepo_ray.report.stats.auc`; NaN with one update); the records of update 0
+    (the SFT start's evaluation) are not among them. ``ValueError`` naming ``where`` and the
+    line of a record that is no object or lacks its update or prompt id."""
     return evaluation_scores(lines, where)[0]
 
 
 def evaluation_scores(lines: Iterable[str], where: str) -> tuple[Scores, Scores]:
     """(:func:`final_scores`, the same of the records of update 0: the SFT start's evaluation,
     empty where there is none)."""
-    records = []
+    curves: dict[str, dict[int, dict]] = {}
+    start: dict[str, dict[int, dict]] = {}
     for at, record in jsonl_rows(lines, lambda number: f"{where} line {number}"):
         if not isinstance(record, dict) or not {"update", "prompt_id"} <= set(record):
             raise ValueError(f"{at}: expected an object with 'update' and 'prompt_id', got {record!r:.120}")
-        records.append(record)
-    last = max((r["update"] for r in records), default=None)
-    return tuple({r["prompt_id"]: {key: float(r.get(key, math.nan)) for key in JUDGES.values()}
-                  for r in records if r["update"] == update} for update in (last, 0))
+        (start if record["update"] == 0 else curves).setdefault(record["prompt_id"], {})[record["update"]] = record
+    return _last_scores(curves), _last_scores(start)
+
+
+def _last_scores(curves: dict[str, dict[int, dict]]) -> Scores:
+    """:func:`final_scores` of the prompts' records by update."""
+    last = max((u for updates in curves.values() for u in updates), default=None)
+    out = {}
+    for prompt, updates in curves.items():
+        if last not in updates:
+            continue
+        steps = sorted(updates)
+        scores = {key: math.nan for key in JUDGES.values()}
+        scores |= {k: float(v) for k, v in updates[last].items() if _number(v) and k not in NOT_SCORES}
+        for key in list(scores):
+            values = [float(v) if _number(v := updates[u].get(key)) else math.nan for u in steps]
+            scores[auc_key(key)] = auc(steps, values)
+        out[prompt] = scores
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_scores(client, run_ids: Iterable[str]) -> Mapping[str, tuple[Scores, Scores]]:

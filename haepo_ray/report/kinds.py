@@ -62,15 +62,15 @@ RL = Kind(
 
 # The paper's language-model metrics (Sec. "LLM TL;DR"), all but time and memory from the held-out
 # evaluation (eval/*, haepo_ray.llm.train), never from the training samples: summary quality and
-# style of the greedy completions at the end of training, the reward and KL (an unbiased
-# estimate only there) of those sampled at the training temperature; peak memory (the highest
+# style of the greedy completions at the end of training, the reward of those sampled at the
+# training temperature, the exact KL to the reference on the policy's own samples; peak memory (the highest
 # phase of any update: the device a run needs) and the seconds an update takes; HAEPO's effective
 # number of trajectories, of its training updates (what its weights did, not a result).
 GREEDY_REWARD = names.llm_eval(names.LLM_REWARD)
 GREEDY_ROUGE_L = names.llm_eval(names.LLM_ROUGE_L)
 GREEDY_ROUGE_2 = names.llm_eval(names.LLM_ROUGE_2)
 GREEDY_SEMANTIC_SIMILARITY = names.llm_eval(names.LLM_SEMANTIC_SIMILARITY)
-SAMPLED_KL = names.llm_eval(names.LLM_KL, "sampled")
+EXACT_KL = names.llm_eval(names.LLM_EXACT_KL, names.LLM_EVAL_POLICY)
 LLM = Kind(
     name="llm",
     step=names.LLM_UPDATE,
@@ -78,8 +78,7 @@ LLM = Kind(
     headline=GREEDY_REWARD,
     headline_label="held-out reward",
     metrics=(names.LLM_TRAIN_TIME, names.LLM_UPDATE_TIME, names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
-             *(names.llm_eval(m, mode, at) for at in (names.LLM_EVAL, names.LLM_EVAL_START)
-               for mode in names.LLM_EVAL_MODES for m in names.LLM_EVAL_METRICS)),
+             *names.llm_eval_keys(), *names.llm_eval_keys(names.LLM_EVAL_START)),
     prefixes=(f"{names.LLM_PEAK_MEMORY}/",),
     curves={
         "reward-vs-updates": (GREEDY_REWARD, names.LLM_UPDATE, "held-out reward (greedy)"),
@@ -94,19 +93,20 @@ LLM = Kind(
            ("semantic similarity", GREEDY_SEMANTIC_SIMILARITY, LAST),
            ("profanity rate", names.llm_eval(names.LLM_PROFANITY_RATE), LAST),
            ("completion length", names.llm_eval(names.LLM_COMPLETION_LENGTH), LAST),
-           ("KL sampled", SAMPLED_KL, LAST),
+           ("KL exact", EXACT_KL, LAST),
            ("peak memory MB", names.LLM_PEAK_MEMORY, MAX), ("s / update", names.LLM_UPDATE_TIME, MEAN)),
     subject=("model", "data"),
     caption=("Language models: every column but peak memory and s / update is the last held-out "
              "evaluation (MLflow eval/*; eval_prompts prompts no SFT or RL example shares a text with), "
-             "of greedy completions, or sampled at the training temperature where marked; never the "
-             "training samples."),
+             "of greedy completions, or sampled at the training temperature where marked; KL exact: the "
+             "per-token KL to the reference summed over the vocabulary and the completion, on samples of the "
+             "policy itself (kl_samples per prompt, temperature 1, EOS allowed); never the training samples."),
     intervals=(("reward final", GREEDY_REWARD, LAST), ("reward AUC", GREEDY_REWARD, AUC),
                ("ROUGE-L final", GREEDY_ROUGE_L, LAST), ("ROUGE-L AUC", GREEDY_ROUGE_L, AUC),
                ("ROUGE-2 final", GREEDY_ROUGE_2, LAST),
                ("semantic similarity final", GREEDY_SEMANTIC_SIMILARITY, LAST),
                ("semantic similarity AUC", GREEDY_SEMANTIC_SIMILARITY, AUC),
-               ("KL sampled final", SAMPLED_KL, LAST),
+               ("KL exact final", EXACT_KL, LAST),
                (f"n_eff last {TAIL_STEPS} updates", names.LLM_EFFECTIVE_NUM_TRAJECTORIES, TAIL)),
     haepo_only=(names.LLM_EFFECTIVE_NUM_TRAJECTORIES,),
 )

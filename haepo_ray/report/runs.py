@@ -73,6 +73,11 @@ class Trial:
         return LLM if self.model is not None else RL
 
     @property
+    def method(self) -> str:
+        """What the report calls the trial's method (:func:`method_name`)."""
+        return method_name(self.algorithm, config_label(self.config))
+
+    @property
     def group(self) -> tuple[str, str, str, str]:
         """(experiment, algorithm, model, configuration label): trials that differ only in
         seed (the model is empty for RL trials)."""
@@ -116,6 +121,17 @@ def _env_value(value: str) -> str:
 def config_label(config: dict[str, Any]) -> str:
     """``batch_size=8, lr=0.001`` (sorted); ``default`` for an empty configuration."""
     return ", ".join(f"{k}={_short(v)}" for k, v in sorted(config.items())) or "default"
+
+
+def method_name(algorithm: str, label: str) -> str:
+    """``HAEPO``, or with a configuration (``label``: :func:`config_label`) ``HAEPO
+    (length_normalize=True)``: a method's name in the report and on the human-evaluation forms."""
+    return algorithm if label == "default" else f"{algorithm} ({label})"
+
+
+def run_config_label(run) -> str:
+    """The :func:`config_label` of a trial's MLflow child run (its search values but the seed)."""
+    return config_label(_trial("", run).config)
 
 
 def _short(value: Any) -> str:

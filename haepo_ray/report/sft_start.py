@@ -13,7 +13,8 @@ first trial (by algorithm, configuration and run id).
 A start's trial has the held-out metrics under the usual ``eval/<mode>/<metric>`` keys, the
 same value at update 0 and at its source trial's last update (it is not trained: a level line in
 the figures, its final value and AUC that value), its source's ``train_time_s`` span, and the
-per-prompt scores of the update-0 evaluation (the win rates against it).
+per-prompt scores of the update-0 evaluation (the win rates against it, the bootstrap over
+prompts; each prompt's AUC its value).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import pandas as pd
 
 from haepo_ray import names
 from haepo_ray.report.aggregate import SFT_START, Group
+from haepo_ray.report.generations import auc_key
 from haepo_ray.report.kinds import LLM
 from haepo_ray.report.runs import Trial
 
 __all__ = ["SFT_START", "START_KEYS", "start_groups"]
 
 # the start's key -> the key of the same metric at an evaluation after RL updates
-START_KEYS = {names.llm_eval(m, mode, names.LLM_EVAL_START): names.llm_eval(m, mode)
-              for mode in names.LLM_EVAL_MODES for m in names.LLM_EVAL_METRICS}
+START_KEYS = dict(zip(names.llm_eval_keys(names.LLM_EVAL_START), names.llm_eval_keys(), strict=True))
 
 
 def _start_trial(source: Trial) -> Trial | None:
@@ -48,8 +49,10 @@ def _start_trial(source: Trial) -> Trial | None:
     if names.LLM_TRAIN_TIME in curves and curves[names.LLM_TRAIN_TIME].notna().any():
         seconds = curves[names.LLM_TRAIN_TIME].dropna()
         frame[names.LLM_TRAIN_TIME] = [float(seconds.iloc[0]), float(seconds.iloc[-1])]
+    scores = {prompt: {**values, **{auc_key(k): v for k, v in values.items() if auc_key(k) in values}}
+              for prompt, values in source.start_scores.items()}  # a level line's area: its value
     return dataclasses.replace(source, run_id=f"{source.run_id}:{names.LLM_EVAL_START}", algorithm=SFT_START,
-                               config={}, curves=frame, scores=source.start_scores, start_scores={})
+                               config={}, curves=frame, scores=scores, start_scores={})
 
 
 def start_groups(groups: list[Group]) -> list[Group]:

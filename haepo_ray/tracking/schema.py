@@ -62,8 +62,8 @@ LLM_METRICS = (
     f"{names.LLM_PHASE_TIME}/*",
     f"{names.LLM_PEAK_MEMORY}/*",
     f"{names.LLM_PEAK_RESERVED_MEMORY}/*",
-    *(names.llm_eval(metric, mode, at) for at in (names.LLM_EVAL, names.LLM_EVAL_START)
-      for mode in names.LLM_EVAL_MODES for metric in names.LLM_EVAL_METRICS),
+    *names.llm_eval_keys(),
+    *names.llm_eval_keys(names.LLM_EVAL_START),
 )
 
 # MLflow's limits: items per log_batch call, lengths of values and keys.
