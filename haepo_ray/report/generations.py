@@ -36,8 +36,8 @@ def auc_key(key: str) -> str:
 
 def final_scores(lines: Iterable[str], where: str) -> Scores:
     """Prompt id -> score key -> score, per prompt of the last update in ``lines`` (a
-    ``generations.jsonl``): each number of its record there (a judge's key a record lacks is
-    NaN), and under :func:`auc_key` the area under that number's curve over the prompt's
+    ``generations.jsonl``): each number of its record there (one that other records of the file
+    have and it lacks is NaN), and under :func:`auc_key` the area under that number's curve over the prompt's
     updates (:func:`~haepo_ray.report.stats.auc`; NaN with one update); the records of update 0
     (the SFT start's evaluation) are not among them. ``ValueError`` naming ``where`` and the
     line of a record that is no object or lacks its update or prompt id."""
@@ -49,22 +49,24 @@ def evaluation_scores(lines: Iterable[str], where: str) -> tuple[Scores, Scores]
     empty where there is none)."""
     curves: dict[str, dict[int, dict]] = {}
     start: dict[str, dict[int, dict]] = {}
+    keys: dict[str, None] = {}  # every score key of the file's records
     for at, record in jsonl_rows(lines, lambda number: f"{where} line {number}"):
         if not isinstance(record, dict) or not {"update", "prompt_id"} <= set(record):
             raise ValueError(f"{at}: expected an object with 'update' and 'prompt_id', got {record!r:.120}")
         (start if record["update"] == 0 else curves).setdefault(record["prompt_id"], {})[record["update"]] = record
-    return _last_scores(curves), _last_scores(start)
+        keys |= {k: None for k, v in record.items() if _number(v) and k not in NOT_SCORES}
+    return _last_scores(curves, list(keys)), _last_scores(start, list(keys))
 
 
-def _last_scores(curves: dict[str, dict[int, dict]]) -> Scores:
-    """:func:`final_scores` of the prompts' records by update."""
+def _last_scores(curves: dict[str, dict[int, dict]], keys: list[str]) -> Scores:
+    """:func:`final_scores` of the prompts' records by update, NaN for ``keys`` a record lacks."""
     last = max((u for updates in curves.values() for u in updates), default=None)
     out = {}
     for prompt, updates in curves.items():
         if last not in updates:
             continue
         steps = sorted(updates)
-        scores = {key: math.nan for key in JUDGES.values()}
+        scores = dict.fromkeys(keys, math.nan)
         scores |= {k: float(v) for k, v in updates[last].items() if _number(v) and k not in NOT_SCORES}
         for key in list(scores):
             values = [float(v) if _number(v := updates[u].get(key)) else math.nan for u in steps]
