@@ -16,9 +16,11 @@ trial reuses) and tracking (the final checkpoint and ``generations.jsonl`` uploa
 the same slots, checkpoints and failures, and 30 updates where the smoke spec has 4: a fresh
 trial process takes 10-30 s to start and an update 0.3-0.6 s, so with 4 every kill would land
 in a start; with 30 a trial trains for 10-20 s, 10 checkpoints, and a kill can land between
-two. Its step is the update, which a restored trial continues. Each event comes
-``--min-gap``..``--max-gap`` s after the one before; the first three are one of each kind, in a
-random order, the rest random:
+two. Its step is the update, which a restored trial continues.
+
+The events start once a trial has a checkpoint on storage (trials training, not starting: Tune
+creates a trial's ``result.json`` when it starts it). Each event comes ``--min-gap``..``--max-gap``
+s after the one before; the first three are one of each kind, in a random order, the rest random:
 
 - ``driver``: SIGKILL of the driver's process group (and the Ray processes it started); then
   `haepo sweep --resume`, started once the server answers (a driver that starts while MLflow
@@ -136,8 +138,13 @@ class Chaos:
                 p.kill()
             except psutil.Error:
                 pass
+        checkpoints = self.checkpoints()
         self.start_driver(resume=True)
-        return {"resumed_as": self.drivers - 1}
+        return {"resumed_as": self.drivers - 1, "checkpoints_on_storage": checkpoints}
+
+    def checkpoints(self) -> int:
+        """The trials' checkpoints on storage (Tune writes each there at once)."""
+        return len(list((self.out / "results").glob(f"{EXPERIMENT}/*/*/checkpoint_*")))
 
     # ------------------------------------------------------------------ a trial
 
@@ -273,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ended_early = None
     try:
         chaos.start_driver(resume=False)
-        chaos.wait_until(lambda: bool(list((out / "results").glob(f"{EXPERIMENT}/*/*/result.json"))),
-                         "a first trial result")
+        chaos.wait_until(lambda: chaos.checkpoints() > 0, "a trial's first checkpoint")
         for kind in kinds:
             time.sleep(draw.uniform(args.min_gap, args.max_gap))
             if chaos.proc.poll() is not None:
