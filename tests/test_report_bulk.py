@@ -5,7 +5,11 @@ curves of one ``get_metric_history`` per run and metric, on a real SQLite store 
 The store: 100 small trials and a few special ones: a step logged twice (later timestamp; same
 timestamp), a NaN, metrics with different step counts, a run with no metrics, a language-model
 trial, a run whose 30,000 values of one metric fill a bulk response alone and two of 15,000 that
-fill one together (the server's cap is 25,000 values per response).
+fill one together (the server's cap is 25,000 values per response); and runs the report must
+not read: a deleted trial, a trial of another experiment.
+
+The runs themselves (:mod:`haepo_ray.report.records`) are read as ``MlflowClient.search_runs``
+finds them, without it: through the SQL tables and through the server's REST API.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from haepo_ray import names
 from haepo_ray.report import histories
 from haepo_ray.report.histories import http_histories, per_run_histories, read_histories, sql_histories
 from haepo_ray.report.kinds import LLM, RL
+from haepo_ray.report.records import RunRecord, trial_runs
 from haepo_ray.report.runs import RETURN, SECONDS, curve_keys, curves, load_trials
+from haepo_ray.tracking import TRIAL_ROLE, search_all_runs
 
 EXPERIMENT = "bulk"
 SMALL = 100
@@ -55,6 +61,9 @@ def _build(db: Path) -> dict[str, str]:
 
     for i in range(SMALL):
         child(f"small-{i}", _metrics(RETURN, range(i % 4)) + _metrics(SECONDS, range(i % 3)))
+    client.delete_run(child("deleted", _metrics(RETURN, [1.0])))
+    other = client.create_experiment("other", artifact_location=(db.parent / "artifacts").as_uri())
+    client.set_terminated(client.create_run(other, tags={names.ROLE: "trial", names.PARENT_RUN: parent}).info.run_id)
     return {
         # step 2 twice (the later one, smaller, wins), step 3 twice at one time (the larger wins)
         "twice": child("twice", _metrics(RETURN, [1.0, 1.0]) + _metrics(RETURN, [0.5], 2, timestamp=20)
@@ -62,7 +71,7 @@ def _build(db: Path) -> dict[str, str]:
                        + _metrics(SECONDS, [1, 2, 3])
                        + _metrics(names.POLICY_ENTROPY, [0.9, 0.8, 0.7])),
         "ragged": child("ragged", _metrics(RETURN, [1, 2, 3, math.nan, 5]) + _metrics(names.REGRET_PER_STEP, [4, 3])),
-        "empty": child("empty", []),
+        "empty": child("empty", [], tags={"blank": ""}),  # REST's JSON leaves an empty value out
         "llm": child("llm", _metrics(names.llm_eval(names.LLM_REWARD), [0.1, 0.2, 0.3])
                      + _metrics("peak_memory_mb/generation", [7, 9]) + _metrics("peak_memory_mb/update", [8, 6]),
                      tags={names.MODEL: "tiny", names.DATA: "tldr"}),
@@ -172,3 +181,39 @@ def test_trials_are_the_same_from_sqlite_and_from_the_server(store, reference, s
                                       check_exact=True)
         a.curves = b.curves = None
         assert a == b
+
+
+def _search_runs_records(client) -> list[RunRecord]:
+    """The reference: the trial runs of :data:`EXPERIMENT` from ``MlflowClient.search_runs``."""
+    exp = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    return [RunRecord(r.info.run_id, r.info.status, r.data.tags, r.data.params, sorted(r.data.metrics))
+            for r in search_all_runs(client, exp, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")]
+
+
+def test_records_are_what_search_runs_finds(store, server):
+    """The SQL tables and the REST API (under the server's static prefix) give the runs, in
+    the order, with the statuses, tags (an empty one too), params and metric keys of
+    ``search_runs``; not the deleted trial nor the other experiment's."""
+    _, uri, ids = store
+    expected = _search_runs_records(_client(uri))
+    assert len(expected) == SMALL + 7
+    assert next(r.tags for r in expected if r.run_id == ids["empty"])["blank"] == ""
+    for u in (uri, server.uri):
+        client = _client(u)
+        got = trial_runs(client, client.get_experiment_by_name(EXPERIMENT).experiment_id, names.ROLE, TRIAL_ROLE)
+        for record in got:
+            record.metrics.sort()
+        assert got == expected
+
+
+def test_the_report_asks_no_search_runs(store, server, monkeypatch):
+    """``load_trials`` reads SQLite and the server without ``MlflowClient.search_runs``,
+    whose entities took most of a report's minute at 10,000 runs."""
+    from mlflow.tracking import MlflowClient
+
+    def refused(*args, **kwargs):
+        raise AssertionError("search_runs asked")
+
+    monkeypatch.setattr(MlflowClient, "search_runs", refused)
+    for u in (store[1], server.uri):
+        assert len(load_trials(u, [EXPERIMENT])) == SMALL + 7
