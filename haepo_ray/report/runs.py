@@ -36,6 +36,12 @@ SUCCESS = names.SUCCESS_RATE
 ENTROPY_KEYS = names.POLICY_ENTROPY_KEYS
 SEED_KEYS = ("seed",)
 FINISHED = "FINISHED"
+# A kind's first step, where it is known: an RL trial's steps are its results' training_iteration,
+# which Tune sets to 1 in a trial's first result and counts up, so a metric whose latest step is 1
+# (MLflow's latest: of the highest step) has no other step, and its latest value is its history
+# (MLflow's latest of one step and the history's last value both are the latest logged, of those
+# the largest). A language-model trial's first update is not fixed: its histories are read.
+FIRST_STEP = {RL.step: 1}
 # Search values a language-model trial's tags already name (its algorithm, model and data set:
 # a sweep over algorithms has "algorithm" in its search space); not part of its configuration,
 # except the settings of a method (an "algorithm" value {"algo": "HAEPO", "length_normalize": true}:
@@ -186,6 +192,14 @@ def curves(histories: Mapping[str, History], keys: Iterable[str], kind: Kind) ->
     return pd.DataFrame(np.column_stack(list(columns.values())), index=index, columns=list(columns))
 
 
+def one_step(run: RunRecord, keys: Iterable[str], kind: Kind) -> dict[str, History]:
+    """The histories of the metrics ``keys`` of ``run`` whose latest value is at ``kind``'s
+    first step (:data:`FIRST_STEP`): that value, their only one."""
+    first = FIRST_STEP.get(kind.step)
+    return {key: {first: run.latest[key][1]} for key in keys
+            if first is not None and key in run.latest and run.latest[key][0] == first}
+
+
 def _trial(experiment: str, run: RunRecord) -> Trial:
     """The trial of a child run, without its curves: its tags say its kind, algorithm, subject
     and seed."""
@@ -210,14 +224,15 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
 
     Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
     no sweep. The runs are read as records (:func:`trial_runs`), the curves of all trials in
-    batches (:func:`read_histories`), the scores of language-model trials from their
-    generations (:func:`read_scores`).
+    batches (:func:`read_histories`) except those of one step (:func:`one_step`), the scores of
+    language-model trials from their generations (:func:`read_scores`).
     """
     client = open_store(tracking_uri)
     exps = ([experiment_named(client, name) for name in experiments] if experiments
             else client.search_experiments())
     trials: list[Trial] = []
     keys: dict[str, list[str]] = {}  # run id -> its curves' metric keys
+    known: dict[str, dict[str, History]] = {}  # run id -> the histories of its one-step metrics
     for exp in exps:
         runs = trial_runs(client, exp.experiment_id, names.ROLE, TRIAL_ROLE)
         if experiments and not runs:
@@ -226,7 +241,11 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
             if names.PARENT_RUN in run.tags:
                 trials.append(_trial(exp.name, run))
                 keys[run.run_id] = [k for k in curve_keys(run.metrics, trials[-1].kind) if trials[-1].reads(k)]
-    histories = read_histories(client, keys)
+                known[run.run_id] = one_step(run, keys[run.run_id], trials[-1].kind)
+    histories = read_histories(client, {run_id: [k for k in run_keys if k not in known[run_id]]
+                                        for run_id, run_keys in keys.items() if len(run_keys) > len(known[run_id])})
+    for run_id, run_known in known.items():
+        histories.setdefault(run_id, {}).update(run_known)
     scores = read_scores(client, [t.run_id for t in trials if t.kind is LLM])
     for trial in trials:
         trial.curves = curves(histories.get(trial.run_id, {}), keys[trial.run_id], trial.kind)

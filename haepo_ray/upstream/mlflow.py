@@ -82,8 +82,8 @@ def sql_metric_rows(client, run_ids: list[str], keys: list[str]) -> list[tuple]:
 def sql_trial_runs(client, experiment_id: str, tag: str, value: str) -> tuple[list, list, list, list]:
     """The active runs of ``experiment_id`` in ``client``'s SQL store whose tag ``tag`` is
     ``value``, as ``search_runs`` finds them: ``(run id, status)`` in its order (latest start
-    first, then by id), and ``(run id, key, value)`` of their tags and params and ``(run id,
-    key)`` of their latest metrics."""
+    first, then by id), ``(run id, key, value)`` of their tags and params and ``(run id, key,
+    step, value, is_nan)`` of their latest metrics."""
     from mlflow.entities import LifecycleStage
     from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlParam, SqlRun, SqlTag
     from sqlalchemy import select
@@ -96,8 +96,9 @@ def sql_trial_runs(client, experiment_id: str, tag: str, value: str) -> tuple[li
                 .order_by(SqlRun.start_time.desc(), SqlRun.run_uuid).all())
         tags, params = ([tuple(row) for row in session.query(table.run_uuid, table.key, table.value)
                          .filter(table.run_uuid.in_(ids))] for table in (SqlTag, SqlParam))
-        metrics = [tuple(row) for row in session.query(SqlLatestMetric.run_uuid, SqlLatestMetric.key)
-                   .filter(SqlLatestMetric.run_uuid.in_(ids))]
+        latest = SqlLatestMetric
+        metrics = [tuple(row) for row in session.query(latest.run_uuid, latest.key, latest.step, latest.value,
+                                                       latest.is_nan).filter(latest.run_uuid.in_(ids))]
         return [tuple(row) for row in runs], tags, params, metrics
 
 
