@@ -192,8 +192,10 @@ def test_trials_are_the_same_from_sqlite_and_from_the_server(store, reference, s
 def _search_runs_records(client) -> list[RunRecord]:
     """The reference: the trial runs of :data:`EXPERIMENT` from ``MlflowClient.search_runs``."""
     exp = client.get_experiment_by_name(EXPERIMENT).experiment_id
-    return [RunRecord(r.info.run_id, r.info.status, r.data.tags, r.data.params, sorted(r.data.metrics))
-            for r in search_all_runs(client, exp, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")]
+    records = [RunRecord.of(r) for r in search_all_runs(client, exp, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")]
+    for record in records:
+        record.metrics.sort()
+    return records
 
 
 def test_records_are_what_search_runs_finds(store, server):

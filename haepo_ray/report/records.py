@@ -42,6 +42,12 @@ class RunRecord:
     # logged, of those the largest), where the reader gets it (not from MlflowClient.search_runs)
     latest: dict[str, tuple[int, float]] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, run) -> RunRecord:
+        """The record of an MLflow ``Run`` entity (without latest steps: the entity has none public)."""
+        return cls(run.info.run_id, run.info.status, dict(run.data.tags), dict(run.data.params),
+                   list(run.data.metrics))
+
 
 def trial_runs(client, experiment_id: str, tag: str, value: str) -> list[RunRecord]:
     """The active runs of ``experiment_id`` whose tag ``tag`` is ``value``."""
@@ -51,8 +57,7 @@ def trial_runs(client, experiment_id: str, tag: str, value: str) -> list[RunReco
     filter_string = f"tags.`{tag}` = '{value}'"
     if kind == "http":
         return _http_runs(client, experiment_id, filter_string)
-    return [RunRecord(run.info.run_id, run.info.status, dict(run.data.tags), dict(run.data.params),
-                      list(run.data.metrics)) for run in search_all_runs(client, experiment_id, filter_string)]
+    return [RunRecord.of(run) for run in search_all_runs(client, experiment_id, filter_string)]
 
 
 def _sql_runs(client, experiment_id: str, tag: str, value: str) -> list[RunRecord]:

@@ -137,7 +137,7 @@ def method_name(algorithm: str, label: str) -> str:
 
 def run_config_label(run) -> str:
     """The :func:`config_label` of a trial's MLflow child run (its search values but the seed)."""
-    return config_label(_trial("", run).config)
+    return config_label(_trial("", RunRecord.of(run)).config)
 
 
 def _short(value: Any) -> str:
