@@ -1,0 +1,205 @@
+"""Do subnormal floats make HAEPO's language-model update slower than GRPO's?
+
+Three runs with the settings of ``tune_configs/llm_cpu_ranked.yaml`` at seed 0 (SmolLM2-135M-Instruct,
+LoRA r 8, float32, 2 prompts x 4 completions of 16 tokens; ``--set name=value`` changes one):
+HAEPO, HAEPO with ``length_normalize``, GRPO, all from one SFT start (made once, loaded by the
+others). Their RL updates are interleaved: update i of every run in turn, then update i + 1, and
+within each run the updates alternate between ``torch.set_flush_denormal(False)`` and ``(True)``
+(the runs offset by one, A B A B ...), so drift in the machine's load hits every method and both
+conditions alike. ``--updates`` per run, of which the first ``--warmup`` are left out: the rest
+split evenly between the two conditions.
+
+Per update: wall and CPU seconds of :meth:`haepo_ray.llm.policy.Policy.rl_update` (the reference
+pass, forward and backward, the optimiser step), the rollout's wall seconds, HAEPO's effective
+number of trajectories, and the 1-minute load average.
+
+Then ``--count`` more updates per run, flushing off, count the subnormal values (non-zero, of
+magnitude below ``torch.finfo(dtype).tiny``) in the gradient of every module's output (the LM
+head's output: the logits) and of every trainable parameter: where the backward pass meets them.
+
+    .venv/bin/python bench/llm_denormals.py OUT.json [--updates 42] [--warmup 2] [--count 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from haepo_ray.llm.settings import LLMTrainSettings
+from haepo_ray.llm.train import LLMRun
+from haepo_ray.sweep.kinds import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "tune_configs" / "llm_cpu_ranked.yaml"
+METHODS: dict[str, dict[str, Any]] = {
+    "HAEPO": {"algo": "HAEPO"},
+    "HAEPO (length_normalize=True)": {"algo": "HAEPO", "length_normalize": True},
+    "GRPO": {"algo": "GRPO"},
+}
+
+
+class Timed:
+    """``fn`` with the wall and CPU seconds of each call recorded."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.wall, self.cpu = fn, [], []
+
+    def __call__(self, *args, **kwargs):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = self.fn(*args, **kwargs)
+        self.wall.append(time.perf_counter() - wall)
+        self.cpu.append(time.process_time() - cpu)
+        return out
+
+
+class SubnormalCounter:
+    """Counts subnormal values in the gradients of ``model``'s module outputs while installed."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.counts: dict[str, list[int]] = {}  # name -> [subnormal, non-zero, values]
+        self.handles = [m.register_forward_hook(self._forward(name)) for name, m in model.named_modules() if name]
+        self.handles += [p.register_hook(lambda g, name=name: self.add(f"param:{name}", g))
+                         for name, p in model.named_parameters() if p.requires_grad]
+
+    def _forward(self, name: str):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else getattr(output, "logits", output)
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
+                out.register_hook(lambda g: self.add(name, g))
+        return hook
+
+    def add(self, name: str, g: torch.Tensor) -> None:
+        tiny = torch.finfo(g.dtype).tiny
+        nonzero = g != 0
+        row = self.counts.setdefault(name, [0, 0, 0])
+        row[0] += int((nonzero & (g.abs() < tiny)).sum())
+        row[1] += int(nonzero.sum())
+        row[2] += g.numel()
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def settings_of(plan, method: dict[str, Any], changes: dict[str, str]) -> LLMTrainSettings:
+    base = plan.trial_config({"algorithm": method["algo"], "seed": 0})
+    extra = {k: v for k, v in method.items() if k != "algo"}
+    return dataclasses.replace(base, **extra, **{k: yaml.safe_load(v) for k, v in changes.items()},
+                               rl_updates=10**6, eval_every=0)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "median": statistics.median(values), "mean": statistics.fmean(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--updates", type=int, default=42)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--count", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not torch.set_flush_denormal(False):
+        raise SystemExit("torch.set_flush_denormal is not supported on this CPU")
+    changes = dict(item.split("=", 1) for item in args.set)
+    plan = load_plan(SPEC)
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(
+        ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "")
+    result: dict[str, Any] = {"commit": commit, "cpu": cpu, "threads": args.threads, "torch": torch.__version__,
+                              "updates": args.updates, "warmup": args.warmup, "changes": changes,
+                              "load_start": os.getloadavg(), "methods": {}}
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs: dict[str, LLMRun] = {}
+        for i, (name, method) in enumerate(METHODS.items()):
+            run = LLMRun(settings_of(plan, method, changes), Path(tmp) / f"run{i}")
+            if i == 0:
+                run.sft()
+                run.save_sft(Path(tmp) / "sft")
+            else:
+                run.load_sft(Path(tmp) / "sft")
+            run.policy.rl_update = Timed(run.policy.rl_update)
+            runs[name] = run
+        streams = {name: run.rl() for name, run in runs.items()}
+        records: dict[str, list[dict]] = {name: [] for name in runs}
+        for u in range(args.updates):
+            for j, (name, run) in enumerate(runs.items()):
+                flush = (u + j) % 2 == 1
+                torch.set_flush_denormal(flush)
+                before = dict(run.clock.phases)
+                row = next(streams[name])
+                torch.set_flush_denormal(False)
+                timed = run.policy.rl_update
+                records[name].append({
+                    "update": u + 1, "flush": flush, "update_wall_s": timed.wall[-1], "update_cpu_s": timed.cpu[-1],
+                    "rollout_wall_s": run.clock.phases["rollout"] - before["rollout"],
+                    "effective_num_trajectories": row["effective_num_trajectories"], "load": os.getloadavg()[0]})
+            print(json.dumps({n: r[-1] for n, r in records.items()}), flush=True)
+        for name, run in runs.items():
+            counter = SubnormalCounter(run.model)
+            try:
+                for _ in range(args.count):
+                    next(streams[name])
+            finally:
+                counter.close()
+            head = {k: v for k, v in counter.counts.items() if k.endswith("lm_head")}
+            total = [sum(v[i] for k, v in counter.counts.items() if not k.startswith("param:")) for i in range(3)]
+            params = [sum(v[i] for k, v in counter.counts.items() if k.startswith("param:")) for i in range(3)]
+            steady = records[name][args.warmup:]
+            result["methods"][name] = {
+                "updates": records[name],
+                **{f"{key}_{cond}": summary([r[key] for r in steady if r["flush"] == flag])
+                   for key in ("update_wall_s", "update_cpu_s", "rollout_wall_s")
+                   for cond, flag in (("plain", False), ("flush", True))},
+                "effective_num_trajectories": statistics.fmean(r["effective_num_trajectories"] for r in steady),
+                "subnormal": {"updates": args.count, "lm_head_output": head, "module_outputs": total,
+                              "parameter_grads": params,
+                              "top_modules": sorted(([k, *v] for k, v in counter.counts.items() if v[0]),
+                                                    key=lambda r: -r[1])[:8]},
+            }
+            run.close()
+    result.update(wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0, load_end=os.getloadavg())
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0
+
+
+def table(result: dict) -> str:
+    lines = [f"{result['cpu']}, {result['threads']} thread(s), commit {result['commit']}; "
+             f"load {result['load_start'][0]:.1f} at start, {result['load_end'][0]:.1f} at end; "
+             f"{result['wall_s']:.0f} s wall, {result['cpu_s']:.0f} CPU-s", "",
+             "| method | update CPU s, plain | update CPU s, flush | flush / plain | update wall s, plain "
+             "| update wall s, flush | n_eff | subnormal grads: LM head output | all module outputs | parameter "
+             "grads |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in result["methods"].items():
+        s = m["subnormal"]
+        head = [sum(v[i] for v in s["lm_head_output"].values()) for i in range(3)]
+        cells = [name, f"{m['update_cpu_s_plain']['median']:.2f} (n {m['update_cpu_s_plain']['n']})",
+                 f"{m['update_cpu_s_flush']['median']:.2f} (n {m['update_cpu_s_flush']['n']})",
+                 f"{m['update_cpu_s_flush']['median'] / m['update_cpu_s_plain']['median']:.2f}",
+                 f"{m['update_wall_s_plain']['median']:.2f}", f"{m['update_wall_s_flush']['median']:.2f}",
+                 f"{m['effective_num_trajectories']:.2f}",
+                 *(f"{c[0]:,} of {c[2]:,}" for c in (head, s["module_outputs"], s["parameter_grads"]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n(medians over updates)\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
