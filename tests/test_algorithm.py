@@ -49,6 +49,7 @@ def episode_return(result: dict) -> float:
         ({"episodes_per_batch": 0}, "episodes_per_batch"),
         ({"episodes_per_batch": 2.5}, "episodes_per_batch"),
         ({"reward_normalization": "minmax"}, "reward_normalization"),
+        ({"estimator": "paper"}, r"estimator must be one of \('weights', 'unbiased'\), got 'paper'"),
         ({"reference_policy": "old"}, "reference_policy"),
         ({"reference_update_interval": 0}, "reference_update_interval"),
         ({"minibatch_size": 32}, "minibatch_size"),

@@ -64,16 +64,21 @@ class ObjectiveSettings:
     normalization: str = "zscore"
     length_normalize: bool = False
     weight_temperature: float = 1.0
+    estimator: str = "weights"
     clip_param: float = 0.2
     dpo_beta: float = 0.1
 
     def __post_init__(self) -> None:
-        from haepo_ray.loss import NORMALIZATIONS
+        from haepo_ray.loss import ESTIMATORS, NORMALIZATIONS
 
         if self.algo not in ALGORITHMS:
             raise ValueError(f"algo must be one of {ALGORITHMS}, got {self.algo!r}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.estimator != "weights" and self.algo != "HAEPO":
+            raise ValueError(f"estimator {self.estimator!r} is HAEPO's gradient estimator, not {self.algo}'s")
         for name in ("beta_ent", "beta_kl"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
@@ -107,6 +112,7 @@ class LLMTrainSettings:
     normalization: str = ObjectiveSettings.normalization
     length_normalize: bool = ObjectiveSettings.length_normalize
     weight_temperature: float = ObjectiveSettings.weight_temperature
+    estimator: str = ObjectiveSettings.estimator
     clip_param: float = ObjectiveSettings.clip_param
     dpo_beta: float = ObjectiveSettings.dpo_beta
     max_new_tokens: int = 48
@@ -212,6 +218,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "normalization": "returns' normalisation: zscore, sum or none",
     "length_normalize": "HAEPO: weights from L_k / length instead of the paper's plain sum",
     "weight_temperature": "HAEPO: weights from L_k / tau",
+    "estimator": "HAEPO's gradient: weights (through the weights alone, the paper's Sec. 3) or unbiased (the "
+                 "appendix's Monte Carlo estimator: adds the loss times grad log p of the sampled completions)",
     "clip_param": "GRPO: the ratio's clip epsilon",
     "dpo_beta": "DPO: the implicit reward's beta",
     "max_new_tokens": "tokens per completion at most",
