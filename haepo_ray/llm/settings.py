@@ -122,6 +122,7 @@ class LLMTrainSettings:
     micro_batch_size: int = 1
     # Memory savers (haepo_ray.llm.policy): activation recomputation, and LoRA adapters when lora_r > 0.
     gradient_checkpointing: bool = False
+    flush_denormal: bool = True  # subnormal floats to zero on CPU (haepo_ray.llm.policy.denormals)
     lora_r: int = 0
     lora_alpha: float = 16.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")  # peft's default for Llama and Qwen2
@@ -156,8 +157,9 @@ class LLMTrainSettings:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-        if not isinstance(self.gradient_checkpointing, bool):
-            raise ValueError(f"gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
+        for name in ("gradient_checkpointing", "flush_denormal"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         modules = self.lora_target_modules
         if isinstance(modules, str) or not modules or not all(isinstance(m, str) and m for m in modules):
             raise ValueError(f"lora_target_modules must be a non-empty list of module names, got {modules!r}")
@@ -228,6 +230,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "max_source_words": "cut each source text to N words",
     "micro_batch_size": "completions per backward pass (0: the whole update at once)",
     "gradient_checkpointing": "recompute each decoder layer's activations in the backward pass",
+    "flush_denormal": "flush subnormal floats to zero on the CPU thread that runs the passes (HAEPO's one-hot "
+                      "weights make the LM head's backward meet them, many times slower on x86 without)",
     "lora_r": "LoRA rank (0: train every weight)",
     "lora_alpha": "LoRA scale alpha",
     "lora_target_modules": "modules that get LoRA adapters",
