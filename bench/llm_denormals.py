@@ -4,9 +4,9 @@ Three runs with the settings of ``tune_configs/llm_cpu_ranked.yaml`` at seed 0 (
 LoRA r 8, float32, 2 prompts x 4 completions of 16 tokens; ``--set name=value`` changes one):
 HAEPO, HAEPO with ``length_normalize``, GRPO, all from one SFT start (made once, loaded by the
 others). Their RL updates are interleaved: update i of every run in turn, then update i + 1, and
-within each run the updates alternate between ``torch.set_flush_denormal(False)`` and ``(True)``
-(the runs offset by one, A B A B ...), so drift in the machine's load hits every method and both
-conditions alike. ``--updates`` per run, of which the first ``--warmup`` are left out: the rest
+within each run the updates alternate between ``flush_denormal`` false and true (the runs offset
+by one, A B A B ...; :func:`haepo_ray.llm.policy.denormals`), so drift in the machine's load hits
+every method and both conditions alike. ``--updates`` per run, of which the first ``--warmup`` are left out: the rest
 split evenly between the two conditions.
 
 Per update: wall and CPU seconds of :meth:`haepo_ray.llm.policy.Policy.rl_update` (the reference
@@ -101,7 +101,8 @@ def settings_of(plan, method: dict[str, Any], changes: dict[str, str]) -> LLMTra
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"n": len(values), "median": statistics.median(values), "mean": statistics.fmean(values)}
+    return {"n": len(values), "median": statistics.median(values), "mean": statistics.fmean(values),
+            "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if not torch.set_flush_denormal(False):
         raise SystemExit("torch.set_flush_denormal is not supported on this CPU")
+
+    def flushing(run: LLMRun, flush: bool) -> None:  # the run's next update with or without flushing
+        run.settings = dataclasses.replace(run.settings, flush_denormal=flush)
     changes = dict(item.split("=", 1) for item in args.set)
     plan = load_plan(SPEC)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
@@ -142,10 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         for u in range(args.updates):
             for j, (name, run) in enumerate(runs.items()):
                 flush = (u + j) % 2 == 1
-                torch.set_flush_denormal(flush)
+                flushing(run, flush)
                 before = dict(run.clock.phases)
                 row = next(streams[name])
-                torch.set_flush_denormal(False)
                 timed = run.policy.rl_update
                 records[name].append({
                     "update": u + 1, "flush": flush, "update_wall_s": timed.wall[-1], "update_cpu_s": timed.cpu[-1],
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                     "effective_num_trajectories": row["effective_num_trajectories"], "load": os.getloadavg()[0]})
             print(json.dumps({n: r[-1] for n, r in records.items()}), flush=True)
         for name, run in runs.items():
+            flushing(run, False)
             counter = SubnormalCounter(run.model)
             try:
                 for _ in range(args.count):
@@ -185,20 +189,21 @@ def table(result: dict) -> str:
     lines = [f"{result['cpu']}, {result['threads']} thread(s), commit {result['commit']}; "
              f"load {result['load_start'][0]:.1f} at start, {result['load_end'][0]:.1f} at end; "
              f"{result['wall_s']:.0f} s wall, {result['cpu_s']:.0f} CPU-s", "",
-             "| method | update CPU s, plain | update CPU s, flush | flush / plain | update wall s, plain "
-             "| update wall s, flush | n_eff | subnormal grads: LM head output | all module outputs | parameter "
+             "| method | update CPU s, plain: median / mean / max | flush | mean flush / plain | update wall s, "
+             "plain: median / mean | flush | n_eff | subnormal grads: LM head output | all module outputs | parameter "
              "grads |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in result["methods"].items():
         s = m["subnormal"]
         head = [sum(v[i] for v in s["lm_head_output"].values()) for i in range(3)]
-        cells = [name, f"{m['update_cpu_s_plain']['median']:.2f} (n {m['update_cpu_s_plain']['n']})",
-                 f"{m['update_cpu_s_flush']['median']:.2f} (n {m['update_cpu_s_flush']['n']})",
-                 f"{m['update_cpu_s_flush']['median'] / m['update_cpu_s_plain']['median']:.2f}",
-                 f"{m['update_wall_s_plain']['median']:.2f}", f"{m['update_wall_s_flush']['median']:.2f}",
+        plain, flush = m["update_cpu_s_plain"], m["update_cpu_s_flush"]
+        cells = [name, *(f"{c['median']:.2f} / {c['mean']:.2f} / {c['max']:.1f} (n {c['n']})" for c in (plain, flush)),
+                 f"{flush['mean'] / plain['mean']:.2f}",
+                 *(f"{m[k]['median']:.1f} / {m[k]['mean']:.1f}" for k in ("update_wall_s_plain",
+                                                                          "update_wall_s_flush")),
                  f"{m['effective_num_trajectories']:.2f}",
                  *(f"{c[0]:,} of {c[2]:,}" for c in (head, s["module_outputs"], s["parameter_grads"]))]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n(medians over updates)\n"
+    return "\n".join(lines) + "\n(seconds of Policy.rl_update per update; subnormals over the counted updates)\n"
 
 
 if __name__ == "__main__":
