@@ -61,6 +61,17 @@ def test_invalid_settings_fail_validation_naming_the_field(settings, field):
         config.validate()
 
 
+@pytest.mark.parametrize("baseline", ["GRPO", "DPO"])
+def test_the_unbiased_estimator_is_refused_for_the_baselines(baseline):
+    from haepo_ray.rl.baselines.dpo import DPOConfig
+    from haepo_ray.rl.baselines.grpo import GRPOConfig
+
+    config = {"GRPO": GRPOConfig, "DPO": DPOConfig}[baseline]().environment(CHAIN).training(estimator="unbiased")
+    with pytest.raises(ValueError, match=f"estimator 'unbiased' is HAEPO's gradient estimator, not {baseline}'s"):
+        config.validate()
+    HAEPOConfig().environment(CHAIN).training(estimator="unbiased").validate()
+
+
 def test_more_learners_than_episodes_fails_validation():
     config = HAEPOConfig().environment(CHAIN).training(episodes_per_batch=2).learners(num_learners=3)
     with pytest.raises(ValueError, match="num_learners"):

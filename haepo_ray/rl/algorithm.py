@@ -132,6 +132,9 @@ class HAEPOConfig(AlgorithmConfig):
             )
         if self.estimator not in ESTIMATORS:
             rllib_internals.config_error(self, f"HAEPO: estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.estimator != "weights" and self.algo_class is not HAEPO:  # the baselines' losses have their own
+            rllib_internals.config_error(self, f"estimator {self.estimator!r} is HAEPO's gradient estimator, not "
+                                               f"{self.algo_class.__name__}'s")
         if self.reference_policy not in REFERENCE_POLICIES:
             rllib_internals.config_error(self, 
                 f"HAEPO: reference_policy must be one of {REFERENCE_POLICIES}, "
