@@ -15,9 +15,11 @@ number of trajectories, and the 1-minute load average.
 
 Then ``--count`` more updates per run, flushing off, count the subnormal values (non-zero, of
 magnitude below ``torch.finfo(dtype).tiny``) in the gradient of every module's output (the LM
-head's output: the logits) and of every trainable parameter: where the backward pass meets them.
+head's output: the logits) and of every trainable parameter: where the backward pass meets them;
+per update, with its CPU seconds (the hooks' own cost included) and effective number of trajectories.
 
     .venv/bin/python bench/llm_denormals.py OUT.json [--updates 42] [--warmup 2] [--count 2] [--threads 1]
+                                            [--methods HAEPO GRPO ...]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -100,7 +103,17 @@ def settings_of(plan, method: dict[str, Any], changes: dict[str, str]) -> LLMTra
                                rl_updates=10**6, eval_every=0)
 
 
+def subnormal_totals(counts: dict[str, list[int]]) -> list[list[int]]:
+    """[subnormal, non-zero, values] of the LM head's output, of all module outputs, of the parameters."""
+    def total(keep) -> list[int]:
+        return [sum(v[i] for k, v in counts.items() if keep(k)) for i in range(3)]
+    return [total(lambda k: k.endswith("lm_head")), total(lambda k: not k.startswith("param:")),
+            total(lambda k: k.startswith("param:"))]
+
+
 def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0, "median": math.nan, "mean": math.nan, "max": math.nan}
     return {"n": len(values), "median": statistics.median(values), "mean": statistics.fmean(values),
             "max": max(values)}
 
@@ -112,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--count", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -132,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as tmp:
         runs: dict[str, LLMRun] = {}
-        for i, (name, method) in enumerate(METHODS.items()):
+        for i, name in enumerate(args.methods):
+            method = METHODS[name]
             run = LLMRun(settings_of(plan, method, changes), Path(tmp) / f"run{i}")
             if i == 0:
                 run.sft()
@@ -157,25 +172,32 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({n: r[-1] for n, r in records.items()}), flush=True)
         for name, run in runs.items():
             flushing(run, False)
-            counter = SubnormalCounter(run.model)
-            try:
-                for _ in range(args.count):
-                    next(streams[name])
-            finally:
-                counter.close()
-            head = {k: v for k, v in counter.counts.items() if k.endswith("lm_head")}
-            total = [sum(v[i] for k, v in counter.counts.items() if not k.startswith("param:")) for i in range(3)]
-            params = [sum(v[i] for k, v in counter.counts.items() if k.startswith("param:")) for i in range(3)]
+            counted, counts = [], {}
+            for _ in range(args.count):
+                counter = SubnormalCounter(run.model)
+                try:
+                    row = next(streams[name])
+                finally:
+                    counter.close()
+                counted.append({"update_cpu_s": run.policy.rl_update.cpu[-1],
+                                "effective_num_trajectories": row["effective_num_trajectories"],
+                                **dict(zip(("lm_head_output", "module_outputs", "parameter_grads"),
+                                           subnormal_totals(counter.counts)))})
+                for k, v in counter.counts.items():
+                    counts[k] = [a + b for a, b in zip(counts.get(k, [0, 0, 0]), v)]
+            head = {k: v for k, v in counts.items() if k.endswith("lm_head")}
+            _, total, params = subnormal_totals(counts)
             steady = records[name][args.warmup:]
             result["methods"][name] = {
                 "updates": records[name],
                 **{f"{key}_{cond}": summary([r[key] for r in steady if r["flush"] == flag])
                    for key in ("update_wall_s", "update_cpu_s", "rollout_wall_s")
                    for cond, flag in (("plain", False), ("flush", True))},
-                "effective_num_trajectories": statistics.fmean(r["effective_num_trajectories"] for r in steady),
+                "effective_num_trajectories": statistics.fmean([r["effective_num_trajectories"] for r in steady]
+                                                              or [math.nan]),
                 "subnormal": {"updates": args.count, "lm_head_output": head, "module_outputs": total,
-                              "parameter_grads": params,
-                              "top_modules": sorted(([k, *v] for k, v in counter.counts.items() if v[0]),
+                              "parameter_grads": params, "per_update": counted,
+                              "top_modules": sorted(([k, *v] for k, v in counts.items() if v[0]),
                                                     key=lambda r: -r[1])[:8]},
             }
             run.close()
