@@ -20,6 +20,11 @@ per update, with its CPU seconds (the hooks' own cost included) and effective nu
 
     .venv/bin/python bench/llm_denormals.py OUT.json [--updates 42] [--warmup 2] [--count 2] [--threads 1]
                                             [--methods HAEPO GRPO ...]
+    .venv/bin/python bench/llm_denormals.py --gemm [--threads 1]
+
+``--gemm`` times the LM head's backward product alone: the gradient of SmolLM2's logits of one
+update (8 rows x 17 positions x 49,152) times its 49,152 x 576 weight, with the gradient's values
+normal (1e-30 times uniform) and subnormal (1e-40 times uniform), without and with flushing.
 """
 
 from __future__ import annotations
@@ -96,6 +101,23 @@ class SubnormalCounter:
             h.remove()
 
 
+def gemm(threads: int) -> None:
+    """CPU seconds of the LM head's backward product on normal and subnormal input (module docstring)."""
+    torch.set_num_threads(threads)
+    weight, grad = torch.randn(49152, 576) * 0.02, torch.rand(136, 49152)
+    for flush in (False, True):
+        torch.set_flush_denormal(flush)
+        for scale in (1e-30, 1e-40):
+            g = grad * scale  # flushed to 0 where subnormal, with flushing
+            tiny = torch.finfo(g.dtype).tiny
+            subnormal = int(((g != 0) & (g.abs() < tiny)).sum())
+            start = time.process_time()
+            g @ weight
+            print(f"flush {flush}, scale {scale:g}: {subnormal:,} of {g.numel():,} subnormal, "
+                  f"{time.process_time() - start:.3f} CPU-s", flush=True)
+    torch.set_flush_denormal(False)
+
+
 def settings_of(plan, method: dict[str, Any], changes: dict[str, str]) -> LLMTrainSettings:
     base = plan.trial_config({"algorithm": method["algo"], "seed": 0})
     extra = {k: v for k, v in method.items() if k != "algo"}
@@ -120,7 +142,8 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
+    parser.add_argument("out", type=Path, nargs="?")
+    parser.add_argument("--gemm", action="store_true")
     parser.add_argument("--updates", type=int, default=42)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--count", type=int, default=2)
@@ -128,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE")
     args = parser.parse_args(argv)
+    if args.gemm:
+        gemm(args.threads)
+        return 0
+    if args.out is None:
+        parser.error("OUT is required without --gemm")
     torch.set_num_threads(args.threads)
     if not torch.set_flush_denormal(False):
         raise SystemExit("torch.set_flush_denormal is not supported on this CPU")
