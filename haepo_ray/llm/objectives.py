@@ -80,7 +80,8 @@ class HAEPOObjective(Objective):
     def group_losses(self, s, token_logp, token_entropy, ref_token_logp, old_token_logp, mask, returns, groups):
         traj = _haepo_traj_logp(token_logp, mask, s)
         ref = _haepo_traj_logp(ref_token_logp, mask, s)
-        sample = sequence_logp(token_logp, mask)  # log pi(y_k | x): the sampling distribution's
+        # log pi(y_k | x), the sampling distribution's: the unbiased estimator's grad log p
+        sample = sequence_logp(token_logp, mask) if s.estimator == "unbiased" else traj
         return [haepo_loss(traj[g], ref[g], returns[g], beta_ent=s.beta_ent, beta_kl=s.beta_kl,
                            normalization=s.normalization, estimator=s.estimator, sample_logp=sample[g]).loss
                 for g in groups]
