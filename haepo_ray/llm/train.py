@@ -82,7 +82,7 @@ from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import OBJECTIVES, effective_num_trajectories, gold_first, rows_per_prompt
-from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.policy import Policy, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
@@ -210,7 +210,7 @@ class LLMRun:
         """Supervised warm-up: token-mean NLL of the gold summary after the prompt; then the
         model is frozen as the reference policy and the RL optimiser is made."""
         s, world = self.settings, self.world
-        with self.clock.phase("sft"):
+        with self.clock.phase("sft"), denormals(s):
             steps = math.ceil(s.sft_examples / s.sft_batch)
             self.policy.start_sft()
             stream = _cycle(self.splits.sft, random.Random(s.seed))
@@ -265,10 +265,11 @@ class LLMRun:
         while self.update < s.rl_updates:
             chosen = [next(stream) for _ in range(s.batch_prompts)]
             self.update += 1
-            row = {"update": self.update, **self._rl_update(chosen)}
-            if s.evaluated_after(self.update):
-                with self.clock.phase("eval"):
-                    row.update(self._evaluate())
+            with denormals(self.settings):
+                row = {"update": self.update, **self._rl_update(chosen)}
+                if s.evaluated_after(self.update):
+                    with self.clock.phase("eval"):
+                        row.update(self._evaluate())
             row.update(self.clock.times())
             self.writer.metric(row)
             yield row
