@@ -5,19 +5,29 @@ per trial (:func:`haepo_ray.tracking.audit.audit_sweep`).
 
     python bench/chaos.py --seed 0 --events 8 --trials 6 --iterations 30     # the short form
     python bench/chaos.py --seed 0 --events 50 --trials 96 --iterations 40   # the long form
+    python bench/chaos.py --sweep llm --seed 1 --events 4                    # the language-model form
 
-The sweep: HAEPO on the 5-state chain MDP (tune_configs/smoke.yaml's), one trial per seed,
-``--slots`` at once on the driver's own Ray, iterations of at least ``--iteration-s`` (1 s: the
-sweep outlasts its events), a checkpoint every 3, ``max_failures`` 20. Each event comes
-``--min-gap``..``--max-gap`` s after the one before; the first three are one of each kind, in a
-random order, the rest random:
+The sweep (``--sweep rl``): HAEPO on the 5-state chain MDP (tune_configs/smoke.yaml's), one
+trial per seed, ``--slots`` at once on the driver's own Ray, iterations of at least
+``--iteration-s`` (1 s: the sweep outlasts its events), a checkpoint every 3, ``max_failures``
+20. ``--sweep llm``: tune_configs/llm_smoke.yaml's trials (HAEPO, GRPO and DPO on the tiny
+language model, each seed, in the trial's own process, ``ray::ImplicitFunc``, which the next
+trial reuses) and tracking (the final checkpoint and ``generations.jsonl`` uploaded too), with
+the same slots, checkpoints and failures, and 30 updates where the smoke spec has 4: a fresh
+trial process takes 10-30 s to start and an update 0.3-0.6 s, so with 4 every kill would land
+in a start; with 30 a trial trains for 10-20 s, 10 checkpoints, and a kill can land between
+two. Its step is the update, which a restored trial continues.
+
+The events start once a trial has a checkpoint on storage (trials training, not starting: Tune
+creates a trial's ``result.json`` when it starts it). Each event comes ``--min-gap``..``--max-gap``
+s after the one before; the first three are one of each kind, in a random order, the rest random:
 
 - ``driver``: SIGKILL of the driver's process group (and the Ray processes it started); then
   `haepo sweep --resume`, started once the server answers (a driver that starts while MLflow
   cannot be reached runs untracked: README, "MLflow that cannot be reached at start"). The
   kill waits for Tune's first state on storage (a resume needs one);
-- ``trial``: SIGKILL of one running trial actor (``ray::HAEPO``); Tune retries it from its
-  newest checkpoint;
+- ``trial``: SIGKILL of one running trial actor (``ray::HAEPO``, ``ray::ImplicitFunc``); Tune
+  retries it from its newest checkpoint;
 - ``server``: SIGKILL of the tracking server, once the driver's tracking has started; it is
   started again (its port, its store) ``--outage-min``..``--outage-max`` s later (5-30), while
   the sweep and the other events go on.
@@ -53,13 +63,29 @@ EXPERIMENT = "chaos"
 KINDS = ("driver", "trial", "server")
 
 
-def spec(trials: int, iterations: int, slots: int, iteration_s: float) -> dict:
-    data = yaml.safe_load((REPO / "tune_configs" / "smoke.yaml").read_text())
-    data.update(name=EXPERIMENT, search_space={"seed": {"grid": list(range(trials))}, "lr": {"grid": [0.05]}},
-                stop={"iterations": iterations}, checkpoint_frequency=3, max_failures=20,
-                max_concurrent_trials=slots, reuse_actors=False, ray={"num_cpus": slots},
+# What each sweep (--sweep) runs: its spec, its trial actors' process title, its defaults.
+SWEEPS = {
+    "rl": {"spec": "smoke.yaml", "actor": "ray::HAEPO", "trials": 6, "iterations": 30, "iteration_s": 1.0},
+    "llm": {"spec": "llm_smoke.yaml", "actor": "ray::ImplicitFunc", "trials": 6, "iterations": 30},
+}
+METHODS = ("HAEPO", "GRPO", "DPO")  # the language-model sweep's trials: each method on each seed
+CHECKPOINT_EVERY = 3
+
+
+def spec(args) -> dict:
+    """The sweep's spec: ``args.sweep``'s smoke spec, ``args.trials`` trials of
+    ``args.iterations`` iterations (RL updates), ``args.slots`` at once."""
+    data = yaml.safe_load((REPO / "tune_configs" / SWEEPS[args.sweep]["spec"]).read_text())
+    data.update(name=EXPERIMENT, stop={"iterations": args.iterations}, checkpoint_frequency=CHECKPOINT_EVERY,
+                max_failures=20, max_concurrent_trials=args.slots, ray={"num_cpus": args.slots})
+    if args.sweep == "llm":
+        data["search_space"] = {"algorithm": {"grid": list(METHODS)},
+                                "seed": {"grid": list(range(args.trials // len(METHODS)))}}
+        data["settings"]["rl_updates"] = args.iterations
+        return data
+    data.update(search_space={"seed": {"grid": list(range(args.trials))}, "lr": {"grid": [0.05]}}, reuse_actors=False,
                 tracking={"metrics": LOGGED, "log_checkpoints": False})
-    data["settings"]["min_time_s_per_iteration"] = iteration_s
+    data["settings"]["min_time_s_per_iteration"] = args.iteration_s
     return data
 
 
@@ -112,8 +138,13 @@ class Chaos:
                 p.kill()
             except psutil.Error:
                 pass
+        checkpoints = self.checkpoints()
         self.start_driver(resume=True)
-        return {"resumed_as": self.drivers - 1}
+        return {"resumed_as": self.drivers - 1, "checkpoints_on_storage": checkpoints}
+
+    def checkpoints(self) -> int:
+        """The trials' checkpoints on storage (Tune writes each there at once)."""
+        return len(list((self.out / "results").glob(f"{EXPERIMENT}/*/*/checkpoint_*")))
 
     # ------------------------------------------------------------------ a trial
 
@@ -121,7 +152,7 @@ class Chaos:
         actors = []
         for p in self.driver_tree():
             try:
-                if p.cmdline() and p.cmdline()[0].startswith("ray::HAEPO"):
+                if p.cmdline() and p.cmdline()[0].startswith(SWEEPS[self.args.sweep]["actor"]):
                     actors.append(p)
             except psutil.Error:
                 continue
@@ -217,21 +248,31 @@ def schedule(draw: random.Random, events: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", choices=sorted(SWEEPS), default="rl",
+                        help="rl: HAEPO on the chain MDP; llm: HAEPO, GRPO and DPO on the tiny language model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--events", type=int, default=8)
-    parser.add_argument("--trials", type=int, default=6)
-    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--trials", type=int, help="default 6 (llm: a multiple of 3, the methods)")
+    parser.add_argument("--iterations", type=int, help="iterations (llm: RL updates) of a trial; default 30")
     parser.add_argument("--slots", type=int, default=2, help="trials at once (the driver's Ray CPUs)")
-    parser.add_argument("--iteration-s", type=float, default=1.0, help="least seconds of an iteration")
+    parser.add_argument("--iteration-s", type=float, help="least seconds of an iteration (rl only; default 1)")
     parser.add_argument("--min-gap", type=float, default=3.0, help="least seconds between two events")
     parser.add_argument("--max-gap", type=float, default=12.0, help="most seconds between two events")
     parser.add_argument("--outage-min", type=float, default=5.0, help="least seconds the server stays down")
     parser.add_argument("--outage-max", type=float, default=30.0, help="most seconds the server stays down")
     parser.add_argument("--out", type=Path, help="work folder (default: a new temporary one)")
     args = parser.parse_args(argv)
+    if args.sweep == "llm" and args.iteration_s is not None:
+        parser.error("--iteration-s: the rl sweep's setting; an llm trial's update takes what it takes")
+    for name in ("trials", "iterations", "iteration_s"):
+        if getattr(args, name) is None:
+            setattr(args, name, SWEEPS[args.sweep].get(name))
+    if args.sweep == "llm" and (args.trials < len(METHODS) or args.trials % len(METHODS)):
+        parser.error(f"--trials {args.trials}: the llm sweep runs {', '.join(METHODS)} on each seed; give a "
+                     f"multiple of {len(METHODS)}")
     out = (args.out or Path(tempfile.mkdtemp(prefix="haepo-chaos-"))).resolve()
     (out / "server").mkdir(parents=True, exist_ok=True)
-    (out / "spec.yaml").write_text(yaml.safe_dump(spec(args.trials, args.iterations, args.slots, args.iteration_s)))
+    (out / "spec.yaml").write_text(yaml.safe_dump(spec(args)))
     draw = random.Random(args.seed)
     kinds = schedule(draw, args.events)
     chaos = Chaos(out, args, draw)
@@ -239,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ended_early = None
     try:
         chaos.start_driver(resume=False)
-        chaos.wait_until(lambda: bool(list((out / "results").glob(f"{EXPERIMENT}/*/*/result.json"))),
-                         "a first trial result")
+        chaos.wait_until(lambda: chaos.checkpoints() > 0, "a trial's first checkpoint")
         for kind in kinds:
             time.sleep(draw.uniform(args.min_gap, args.max_gap))
             if chaos.proc.poll() is not None:
@@ -256,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         chaos.close()
     happened = sorted({e["kind"] for e in done})
     ok = report["ok"] and happened == sorted(KINDS) and codes[-1] == 0
-    print(json.dumps({"ok": ok, "seed": args.seed, "events_asked": args.events, "events_done": len(done),
-                      "kinds": happened, "ended_early": ended_early, "trials": args.trials,
+    print(json.dumps({"ok": ok, "sweep": args.sweep, "seed": args.seed, "events_asked": args.events,
+                      "events_done": len(done), "kinds": happened, "ended_early": ended_early, "trials": args.trials,
                       "iterations": args.iterations, "driver_exit_codes": codes, "out": str(out),
                       "seconds": chaos.now(), "events": done, "audit": report}, indent=1))
     return 0 if ok else 1
@@ -268,6 +308,9 @@ def audit(chaos: Chaos, out: Path) -> dict:
 
     from haepo_ray.tracking.audit import audit_sweep
 
+    from haepo_ray.sweep.kinds import load_plan
+
+    plan = load_plan(out / "spec.yaml")
     client = MlflowClient(chaos.server.uri)
     exp = client.get_experiment_by_name(EXPERIMENT)
     parents = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
@@ -277,7 +320,8 @@ def audit(chaos: Chaos, out: Path) -> dict:
     summary = json.loads((run_dir / "haepo_summary.json").read_text()) if (run_dir / "haepo_summary.json").exists() \
         else {"trials": []}
     ended = sorted({(t["status"], t["iterations"]) for t in summary["trials"]})
-    report = audit_sweep(client, exp.experiment_id, parents[0].info.run_id, run_dir, LOGGED).summary()
+    metrics = plan.spec.tracking.metrics or plan.default_metrics
+    report = audit_sweep(client, exp.experiment_id, parents[0].info.run_id, run_dir, metrics, plan.step_key).summary()
     report["tune_trials"] = {"count": len(summary["trials"]), "status_and_iterations": ended}
     report["ok"] = report["ok"] and len(summary["trials"]) == chaos.args.trials \
         and ended == [("TERMINATED", chaos.args.iterations)] and report["trials"] == chaos.args.trials

@@ -2,7 +2,7 @@
 CLI on a SQLite store and on an ``mlflow server`` backed by it, for two checkouts side by side.
 Results: BENCHMARKS.md ("``haepo report`` at 10,000 runs").
 
-    python bench/report_scale.py --runs 10000 --code /tmp/report-base .    # old (main) vs this one
+    python bench/report_scale.py --runs 10000 --lean --base main     # main's code (before) vs this one
     python bench/report_scale.py --runs 10000 --reuse --code /tmp/report-base .   # store built before
     python bench/report_scale.py --runs 40 --repeats 1 --code .                   # the script itself
 
@@ -17,6 +17,9 @@ Every 100th trial failed (its error tagged): the report lists it apart.
 Each measurement is one fresh ``python -m haepo_ray.cli report`` process with the
 ``haepo_ray`` of one ``--code`` folder (a checkout, e.g. ``git worktree add /tmp/report-base
 main``) first on PYTHONPATH; the folders take turns (their order reversed every repeat).
+``--base REV`` times a git revision's code too (the *before*: e.g. ``main``), first: a detached
+``git worktree`` of it, made for the run and removed after it, so that before and after are
+measured in one run on one store without the old code kept in the library.
 Wall seconds, CPU seconds (user + system) and peak RSS come from ``wait4`` on the process; over
 HTTP the server's CPU seconds (its process tree, from psutil) are added apart. Each row holds the
 load average before and after it. Every folder's outputs (results.csv, results.md,
@@ -228,10 +231,16 @@ def measure(codes: list[Path], uri: str, work: Path, repeats: int, server_pid: i
     return rows
 
 
+def git(*args: str) -> str:
+    """A git command in this checkout; its output."""
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10_000, help="child runs of the sweep (default 10000)")
     parser.add_argument("--code", type=Path, nargs="+", default=[REPO], help="checkouts to compare")
+    parser.add_argument("--base", metavar="REV", help="time this git revision's code first (a worktree of it)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the checkouts (default 2)")
     parser.add_argument("--store-root", type=Path, default=REPO / ".haepo" / "bench" / "report_scale")
     parser.add_argument("--reuse", action="store_true", help="use the store built by an earlier run")
@@ -251,9 +260,26 @@ def main(argv: list[str] | None = None) -> int:
         uri = build_store(db, args.runs, args.lean)
         print(f"built {args.runs} runs in {time.monotonic() - started:.0f} s ({load()})", flush=True)
     codes = [c.resolve() for c in args.code]
-    result = {"runs": args.runs, "lean": args.lean, "store": uri, "codes": [str(c) for c in codes], "machine": platform.node(),
-              "cpus": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "measurements": {}}
+    commits = {str(REPO): git("rev-parse", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain",
+                                                                                           "haepo_ray") else "")}
+    base = None
+    if args.base:
+        base = Path(tempfile.mkdtemp(prefix="report-base-"))
+        commits[str(base)] = git("rev-parse", f"{args.base}^{{commit}}")
+        git("worktree", "add", "--detach", str(base), commits[str(base)])
+        codes.insert(0, base)
+    try:
+        return run(args, uri, root, codes, commits)
+    finally:
+        if base is not None:
+            git("worktree", "remove", "--force", str(base))
+
+
+def run(args: argparse.Namespace, uri: str, root: Path, codes: list[Path], commits: dict[str, str]) -> int:
+    """Measures ``codes`` on the store at ``uri`` and writes the results."""
+    result = {"runs": args.runs, "lean": args.lean, "store": uri, "codes": [str(c) for c in codes],
+              "commits": commits, "machine": platform.node(), "cpus": os.cpu_count(),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "measurements": {}}
     if "sqlite" in args.backends:
         result["measurements"]["sqlite"] = measure(codes, uri, root / "out-sqlite", args.repeats)
     if "server" in args.backends:

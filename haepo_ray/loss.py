@@ -20,8 +20,14 @@ from haepo_ray.upstream.torch import is_fake  # checks of values are skipped on 
 
 Normalization = Literal["zscore", "sum", "none"]
 NORMALIZATIONS: tuple[str, ...] = ("zscore", "sum", "none")
+# The gradient estimator (haepo_loss): "weights", the gradient through the weights alone (Sec. 3's
+# Eq. orig-haepo-grad, the default); "unbiased", the appendix's Monte Carlo estimator hat G_M, which
+# adds the score-function term of the sampling distribution (score_function_term).
+Estimator = Literal["weights", "unbiased"]
+ESTIMATORS: tuple[str, ...] = ("weights", "unbiased")
 
 __all__ = [
+    "ESTIMATORS",
     "NORMALIZATIONS",
     "HAEPOLossOutput",
     "haepo_loss",
@@ -30,6 +36,7 @@ __all__ = [
     "normalize_returns",
     "plackett_luce_log_weights",
     "reward_term",
+    "score_function_term",
     "trajectory_log_likelihood",
     "weight_kl",
 ]
@@ -143,17 +150,33 @@ def weight_kl(weights: Tensor, log_weights: Tensor, ref_log_weights: Tensor) -> 
     return (weights * (log_weights - ref_log_weights)).sum()
 
 
+def score_function_term(batch_loss: Tensor, sample_logp: Tensor) -> Tensor:
+    """A term of value 0 whose gradient is ``batch_loss * grad log p(tau; theta)``.
+
+    ``sample_logp`` are log pi_theta(tau_k) of the M sampled episodes, so that
+    log p(tau; theta) = sum_k log pi_theta(tau_k) (the episodes are i.i.d.; the environment's
+    transition probabilities do not depend on theta); ``batch_loss`` is taken without gradient.
+    """
+    # Appendix, "Sampling and Joint Density": p(tau; theta) = prod_{i=1}^M pi_theta(tau_i)
+    log_p = sample_logp.sum()
+    # Appendix, "Monte Carlo Estimator", second term: -(sum_k R_k w_k) grad log p(tau; theta), with
+    # -(sum_k R_k w_k) the batch's loss (plus the regularisers': "Extension to Regularization")
+    return batch_loss.detach() * (log_p - log_p.detach())
+
+
 @dataclass(frozen=True)
 class HAEPOLossOutput:
     """The loss and its parts (with gradient), and detached diagnostics.
 
-    ``loss == reward_term + entropy_term + kl_term``.
+    ``loss == reward_term + entropy_term + kl_term + score_term``; ``score_term`` is 0 in value
+    (it only adds the ``"unbiased"`` estimator's gradient) and 0 with ``"weights"``.
     """
 
     loss: Tensor
     reward_term: Tensor
     entropy_term: Tensor
     kl_term: Tensor
+    score_term: Tensor
     weights: Tensor
     log_weights: Tensor
     normalized_returns: Tensor
@@ -180,6 +203,8 @@ def haepo_loss(
     beta_ent: float | Tensor,
     beta_kl: float | Tensor,
     normalization: Normalization = "zscore",
+    estimator: Estimator = "weights",
+    sample_logp: Tensor | None = None,
 ) -> HAEPOLossOutput:
     """The final HAEPO loss for a batch of M episodes (Eq. final-loss).
 
@@ -187,9 +212,32 @@ def haepo_loss(
     reference policy, ``returns`` the discounted episode returns R_k (normalised here with
     ``normalization``). All three have shape ``[M]``. Returns the scalar loss
 
-        -sum_k w_k R~_k + beta_ent * sum_k w_k log w_k + beta_kl * sum_k w_k (log w_k - log w_k^ref)
+        l(tau; theta) = -sum_k w_k R~_k + beta_ent * sum_k w_k log w_k + beta_kl * sum_k w_k (log w_k - log w_k^ref)
 
     with ``w = softmax(traj_logp)`` and ``w_ref = softmax(ref_traj_logp)``.
+
+    ``estimator`` picks its gradient. ``"weights"`` (the default): grad l, the gradient through
+    the weights alone (Eq. orig-haepo-grad and its regularised form, Eq. grad-compact).
+    ``"unbiased"``: the appendix's Monte Carlo estimator ("Unbiasedness via the Score-Function
+    Trick"). The objective is the expectation over the sampled batch tau ~ p(tau; theta),
+
+        L(theta) = -E_{p(tau; theta)}[sum_k R_k w_k(tau; theta)]                       (appendix)
+
+    whose gradient (Eq. true_grad_corrected, product rule and grad p = p grad log p) has two terms,
+
+        G(theta) = -int sum_k R_k w_k grad log w_k p dtau - int (sum_k R_k w_k) grad log p p dtau,
+
+    estimated on one batch without bias by
+
+        hat G_M = -sum_k R_k w_k grad log w_k - (sum_k R_k w_k) grad log p(tau; theta).
+
+    The first term is ``"weights"``'s gradient; the second, :func:`score_function_term`, does not
+    vanish when the weights are one-hot (then -sum_k R_k w_k = -R_top while grad w_k = 0). With the
+    regularisers the same argument ("Extension to Regularization") gives grad l + l grad log p:
+    this loss's value, gradient hat G_M. ``sample_logp`` are log pi_theta(tau_k) of the episodes,
+    with gradient: by default ``traj_logp``; the caller passes them where ``traj_logp`` are
+    rescaled log-likelihoods (length-normalised or tempered). Returns are normalised per batch
+    (R~); the estimator is then unbiased for the objective on R~.
     """
     for name, x in (("traj_logp", traj_logp), ("ref_traj_logp", ref_traj_logp), ("returns", returns)):
         _check_vector(name, x)
@@ -200,6 +248,13 @@ def haepo_loss(
         )
     _check_beta("beta_ent", beta_ent)
     _check_beta("beta_kl", beta_kl)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if sample_logp is not None:
+        _check_vector("sample_logp", sample_logp)
+        if sample_logp.shape != traj_logp.shape:
+            raise ValueError(f"sample_logp has shape {tuple(sample_logp.shape)} but traj_logp has shape "
+                             f"{tuple(traj_logp.shape)}: one log pi(tau_k) per episode is needed")
 
     log_w = plackett_luce_log_weights(traj_logp)
     w = log_w.exp()
@@ -212,7 +267,13 @@ def haepo_loss(
     entropy_term = beta_ent * neg_entropy
     kl_term = beta_kl * kl
     # Eq. (final-loss): L = -sum w R~ + beta_ent sum w log w + beta_kl sum w (log w - log w_ref)
-    loss = reward + entropy_term + kl_term
+    batch_loss = reward + entropy_term + kl_term
+    if estimator == "unbiased":
+        # Appendix, Eq. (true_grad_corrected) and "Monte Carlo Estimator": hat G_M = grad l + l grad log p
+        score = score_function_term(batch_loss, traj_logp if sample_logp is None else sample_logp)
+    else:
+        score = torch.zeros_like(batch_loss)
+    loss = batch_loss + score
 
     with torch.no_grad():
         effective = torch.exp(-torch.logsumexp(2.0 * log_w, dim=0))  # 1 / sum_k w_k^2
@@ -221,6 +282,7 @@ def haepo_loss(
         reward_term=reward,
         entropy_term=entropy_term,
         kl_term=kl_term,
+        score_term=score,
         weights=w.detach(),
         log_weights=log_w.detach(),
         normalized_returns=norm_r.detach(),

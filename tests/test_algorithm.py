@@ -49,6 +49,7 @@ def episode_return(result: dict) -> float:
         ({"episodes_per_batch": 0}, "episodes_per_batch"),
         ({"episodes_per_batch": 2.5}, "episodes_per_batch"),
         ({"reward_normalization": "minmax"}, "reward_normalization"),
+        ({"estimator": "paper"}, r"estimator must be one of \('weights', 'unbiased'\), got 'paper'"),
         ({"reference_policy": "old"}, "reference_policy"),
         ({"reference_update_interval": 0}, "reference_update_interval"),
         ({"minibatch_size": 32}, "minibatch_size"),
@@ -58,6 +59,17 @@ def test_invalid_settings_fail_validation_naming_the_field(settings, field):
     config = HAEPOConfig().environment(CHAIN).training(**settings)
     with pytest.raises(ValueError, match=field):
         config.validate()
+
+
+@pytest.mark.parametrize("baseline", ["GRPO", "DPO"])
+def test_the_unbiased_estimator_is_refused_for_the_baselines(baseline):
+    from haepo_ray.rl.baselines.dpo import DPOConfig
+    from haepo_ray.rl.baselines.grpo import GRPOConfig
+
+    config = {"GRPO": GRPOConfig, "DPO": DPOConfig}[baseline]().environment(CHAIN).training(estimator="unbiased")
+    with pytest.raises(ValueError, match=f"estimator 'unbiased' is HAEPO's gradient estimator, not {baseline}'s"):
+        config.validate()
+    HAEPOConfig().environment(CHAIN).training(estimator="unbiased").validate()
 
 
 def test_more_learners_than_episodes_fails_validation():

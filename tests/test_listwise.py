@@ -123,10 +123,10 @@ def _config(algorithm: str, num_learners: int):
     )
 
 
-def _update(algorithm: str, num_learners: int, episodes: list, state=None):
+def _update(algorithm: str, num_learners: int, episodes: list, state=None, **training):
     from haepo_ray.rl.algorithm import update_on_episodes
 
-    config = _config(algorithm, num_learners)
+    config = _config(algorithm, num_learners).training(**training)
     config.learners(learner_class=_float64_learner(config.get_default_learner_class()))
     group = config.build_learner_group()
     try:
@@ -170,6 +170,19 @@ def test_the_grpo_learner_takes_grpos_group_advantage_of_the_discounted_returns(
                            dtype=torch.float64)
     expected = float(group_advantage(returns).abs().mean())
     assert _peek(results, "advantage_abs_mean") == [pytest.approx(expected, rel=1e-6)]  # logged in float32
+
+
+def test_the_haepo_learner_trains_with_the_configured_estimator():
+    """``estimator="unbiased"`` reaches the learner's loss: from one state on the same episodes it
+    makes another update, while the default
+    makes the same update twice."""
+    episodes = _episodes()
+    state, start, weights, _ = _update("HAEPO", 0, episodes)
+    _, _, again, _ = _update("HAEPO", 0, episodes, state, estimator="weights")
+    _, _, unbiased, _ = _update("HAEPO", 0, episodes, state, estimator="unbiased")
+    for name in start:
+        np.testing.assert_array_equal(again[name], weights[name], err_msg=name)
+    assert max(float(np.abs(unbiased[k] - weights[k]).max()) for k in start) > 1e-2
 
 
 # Two learner processes per case: HAEPO's in the test command, the baselines' (the same

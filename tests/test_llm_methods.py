@@ -51,19 +51,35 @@ def test_each_trial_runs_its_method_and_logs_the_values_it_ran_with():
     assert planned == settings
 
 
+def test_the_unbiased_estimator_is_a_method_the_report_names_by_its_setting():
+    from haepo_ray.report.runs import config_label
+    from haepo_ray.sweep.kinds.llm.config import trial_settings
+
+    plan = parse_plan(spec_with(["HAEPO", {"HAEPO": {"estimator": "unbiased"}}]), "m.yaml")
+    configs = resolved_configs(plan)
+    assert [trial_settings(c).estimator for c in configs[:2]] == ["weights", "unbiased"]
+    method = plan.search_values(configs[1])["algorithm"]
+    assert method == {"algo": "HAEPO", "estimator": "unbiased"}
+    assert config_label({k: v for k, v in method.items() if k != "algo"}) == "estimator=unbiased"
+    bad = parse_plan(spec_with(["HAEPO", {"HAEPO": {"estimator": "paper"}}]), "m.yaml")
+    with pytest.raises(SpecError, match=r"estimator must be one of \('weights', 'unbiased'\), got 'paper'"):
+        [bad.trial_config(t.values) for t in planned_trials(bad)]  # as the dry run checks each planned trial
+
+
 def test_a_grid_of_plain_algorithms_keeps_algo_as_its_key():
     plan = parse_plan(spec_with(["HAEPO", "GRPO"]), "m.yaml")
     assert plan.search_keys["algorithm"] == "algo" and "method" not in plan.param_space
     assert [c["algo"] for c in resolved_configs(plan)] == ["HAEPO", "GRPO", "HAEPO", "GRPO"]
 
 
-def test_the_ranked_protocol_compares_five_methods_and_the_sft_start_from_one_start_per_seed():
+def test_the_ranked_protocol_compares_six_methods_and_the_sft_start_from_one_start_per_seed():
     plan = load_plan(RANKED)
     trials = planned_trials(plan)
     configs = [plan.trial_config(t.values) for t in trials]
-    methods = {(c.algo, c.length_normalize, c.dpo_pairs) for c in configs}
-    assert methods == {("HAEPO", False, "gold"), ("HAEPO", True, "gold"), ("GRPO", False, "gold"),
-                       ("DPO", False, "gold"), ("DPO", False, "reward")}
+    methods = {(c.algo, c.length_normalize, c.estimator, c.dpo_pairs) for c in configs}
+    assert methods == {("HAEPO", False, "weights", "gold"), ("HAEPO", False, "unbiased", "gold"),
+                       ("HAEPO", True, "weights", "gold"), ("GRPO", False, "weights", "gold"),
+                       ("DPO", False, "weights", "gold"), ("DPO", False, "weights", "reward")}
     assert all(c.eval_start and c.eval_prompts >= 64 and c.min_new_tokens == 1 and c.max_new_tokens == 32
                and c.aspect == "challenge" and c.max_source_words >= 48 for c in configs)
     starts = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -205,7 +206,45 @@ def test_every_algorithm_has_one_objective_that_says_what_it_needs(tiny_lm):
         loss(torch.zeros(6, 1), None)
 
 
+def test_unbiased_estimator_adds_each_groups_loss_times_grad_log_p_of_its_completions(tiny_lm):
+    """``estimator="unbiased"``: on top of the default's gradient, every completion token of group g
+    gets l_g / G (G groups, the mean over prompts): the score-function term l_g grad log p, with log p
+    the plain sum of the tokens' log-probs even where the weights come from L_k / n_k / tau."""
+    model, tokenizer = tiny_lm
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        logp = token_stats(model, batch)[0]
+    ref = _ref_logp(model, batch)
+    mask = batch.completion_mask
+    settings = ObjectiveSettings(algo="HAEPO", length_normalize=True, weight_temperature=2.0)
+
+    def grad(s):
+        leaf = logp.clone().requires_grad_(True)
+        loss = group_loss(s, batch, RETURNS["HAEPO"], ref, group_rows=3)(leaf, None)
+        return loss.detach(), torch.autograd.grad(loss, leaf)[0]
+
+    losses = OBJECTIVES["HAEPO"].group_losses(settings, logp, None, ref, logp, mask, RETURNS["HAEPO"],
+                                              [slice(0, 3), slice(3, 6)])
+    weights_loss, weights_grad = grad(settings)
+    unbiased_loss, unbiased_grad = grad(dataclasses.replace(settings, estimator="unbiased"))
+    torch.testing.assert_close(unbiased_loss, weights_loss, rtol=0, atol=0)
+    per_row = torch.stack(losses).repeat_interleave(3)[:, None] / 2
+    assert per_row.abs().min() > 1e-4
+    torch.testing.assert_close(unbiased_grad - weights_grad, per_row * mask, rtol=0, atol=1e-12)
+
+
+def test_the_estimator_reaches_the_loss_from_a_runs_settings():
+    from haepo_ray.llm.settings import LLMTrainSettings
+
+    assert LLMTrainSettings(estimator="unbiased").objective().estimator == "unbiased"
+    assert LLMTrainSettings().objective().estimator == "weights"  # today's loss by default
+    with pytest.raises(ValueError, match="estimator 'unbiased' is HAEPO's gradient estimator, not GRPO's"):
+        LLMTrainSettings(algo="GRPO", estimator="unbiased")
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
+    ({"estimator": "paper"}, r"estimator must be one of \('weights', 'unbiased'\), got 'paper'"),
+    ({"algo": "DPO", "estimator": "unbiased"}, "is HAEPO's gradient estimator, not DPO's"),
     ({"algo": "PPO"}, r"algo must be one of \('HAEPO', 'GRPO', 'DPO'\), got 'PPO'"),
     ({"beta_kl": -1.0}, "beta_kl must be a finite number >= 0"),
     ({"weight_temperature": 0.0}, "weight_temperature must be a finite number > 0"),

@@ -202,6 +202,29 @@ def test_nan_reward_stops_training_with_a_clear_error(tmp_path):
         train(_settings(rl_updates=1), tmp_path, reward_fn=lambda c, e: [math.nan] * len(c))
 
 
+def _flushes() -> bool:
+    """Whether this thread flushes subnormal floats: 1e-30 * 1e-10 is float32's subnormal 1e-40, or 0."""
+    import torch
+
+    return float(torch.tensor([1e-30]) * 1e-10) == 0.0
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_updates_run_with_subnormals_flushed_by_default_and_the_flag_cleared_after(tmp_path, flush):
+    """The rewards are computed inside the update and its evaluation: they see the thread's flag
+    (flush_denormal, default true), which is off again once the run's updates are done."""
+    seen = []
+
+    def reward(completions, examples):
+        seen.append(_flushes())
+        return [0.5] * len(completions)
+
+    assert not _flushes()
+    small = dict(rl_updates=2, group_size=2, max_new_tokens=4, min_new_tokens=4, eval_prompts=1)
+    train(_settings(**small) if flush else _settings(**small, flush_denormal=False), tmp_path, reward_fn=reward)
+    assert seen == [flush] * 4 and not _flushes()  # 2 updates, the evaluation's greedy and sampled completions
+
+
 def test_cli_runs_the_tiny_model(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["llm", "train", "--model", "tiny", "--algo", "GRPO", "--sft-examples", "4", "--rl-updates", "2",

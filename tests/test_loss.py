@@ -290,6 +290,104 @@ def test_weights_are_plackett_luce_first_choice_probabilities():
     assert torch.allclose(plackett_luce_log_weights(traj_logp).exp(), expected / expected.sum())
 
 
+# --- Unbiasedness via the Score-Function Trick (appendix): the "unbiased" estimator ----------
+
+# A policy over K = 3 one-step episodes, pi_theta = softmax(theta), returns R per episode, and M = 3
+# i.i.d. episodes per batch: the K^M = 27 batches can be enumerated, so expectations are exact.
+OUTCOME_RETURNS = torch.tensor([1.0, -0.5, 2.0], dtype=F64)
+THETA = torch.tensor([0.3, -0.2, 0.5], dtype=F64)
+THETA_REF = torch.tensor([0.0, 0.4, -0.1], dtype=F64)
+BATCHES = [torch.tensor(b) for b in np.ndindex(3, 3, 3)]
+
+
+def _batch_loss(theta, batch, estimator, **kwargs):
+    """The loss of one sampled batch: L_k = log pi_theta(tau_k), the reference's at THETA_REF."""
+    traj_logp = torch.log_softmax(theta, 0)[batch]
+    ref_traj_logp = torch.log_softmax(THETA_REF, 0)[batch]
+    return haepo_loss(traj_logp, ref_traj_logp, OUTCOME_RETURNS[batch], estimator=estimator, **kwargs).loss
+
+
+def _log_p(theta, batch):
+    """log p(tau; theta) = sum_i log pi_theta(tau_i) (appendix, "Sampling and Joint Density")."""
+    return torch.log_softmax(theta, 0)[batch].sum()
+
+
+@pytest.mark.parametrize("normalization", ["none", "zscore"])
+@pytest.mark.parametrize("betas", [(0.0, 0.0), (0.3, 0.7)])
+def test_unbiased_estimator_has_the_gradient_of_the_appendix_objective_in_expectation(normalization, betas):
+    """E_p[hat G_M] = G(theta) = grad of L(theta) = E_{p(tau; theta)}[l(tau; theta)], the expectation
+    summed over all 27 batches and differentiated by autograd in float64; the "weights" estimator
+    (the gradient through the weights alone) misses the second term of Eq. true_grad_corrected."""
+    kwargs = dict(beta_ent=betas[0], beta_kl=betas[1], normalization=normalization)
+    theta = THETA.clone().requires_grad_(True)
+    objective = sum(_log_p(theta, b).exp() * _batch_loss(theta, b, "weights", **kwargs) for b in BATCHES)
+    (true_grad,) = torch.autograd.grad(objective, theta)
+
+    def expected_estimate(estimator):
+        total = torch.zeros_like(THETA)
+        for b in BATCHES:
+            theta = THETA.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(_batch_loss(theta, b, estimator, **kwargs), theta)
+            total += _log_p(THETA, b).exp() * grad
+        return total
+
+    assert true_grad.abs().max() > 1e-2
+    torch.testing.assert_close(expected_estimate("unbiased"), true_grad, rtol=0, atol=1e-12)
+    assert (expected_estimate("weights") - true_grad).abs().max() > 1e-2
+
+
+def test_unbiased_estimator_on_one_batch_is_hat_g_m():
+    """On one batch the gradient is the appendix's hat G_M written out with Eq. (score):
+    -sum_k R_k w_k (grad L_k - sum_j w_j grad L_j) - (sum_k R_k w_k) sum_i grad L_i; its value is
+    the loss's."""
+    batch = torch.tensor([0, 2, 2, 1])
+    theta = THETA.clone().requires_grad_(True)
+    out_kwargs = dict(beta_ent=0.0, beta_kl=0.0, normalization="none")
+    loss = _batch_loss(theta, batch, "unbiased", **out_kwargs)
+    (grad,) = torch.autograd.grad(loss, theta)
+
+    jac = torch.autograd.functional.jacobian(lambda t: torch.log_softmax(t, 0)[batch], THETA)  # [M, 3]: grad L_k
+    w = torch.softmax(torch.log_softmax(THETA, 0)[batch], 0)
+    r = OUTCOME_RETURNS[batch]
+    hat_g = -((r * w)[:, None] * (jac - (w[:, None] * jac).sum(0))).sum(0) - (r * w).sum() * jac.sum(0)
+    torch.testing.assert_close(grad, hat_g, rtol=0, atol=1e-14)
+    torch.testing.assert_close(loss.detach(), _batch_loss(THETA, batch, "weights", **out_kwargs), rtol=0, atol=0)
+
+
+def test_with_one_hot_weights_only_the_score_function_term_has_a_gradient():
+    """Summed log-likelihoods 60 and 80 nats apart make the weights one-hot: the gradient through
+    the weights (reward, entropy and KL terms alike) vanishes, the score-function term's does not:
+    dLoss/dL_k = l = -R~_top + beta_kl * KL for every episode."""
+    traj_logp = torch.tensor([0.0, -60.0, -80.0], dtype=F64, requires_grad=True)
+    ref_traj_logp = torch.tensor([0.5, -61.0, -79.0], dtype=F64)
+    returns = torch.tensor([1.0, 0.0, 2.0], dtype=F64)
+    kwargs = dict(beta_ent=0.01, beta_kl=0.01)
+    weights = haepo_loss(traj_logp, ref_traj_logp, returns, **kwargs)
+    (through_weights,) = torch.autograd.grad(weights.loss, traj_logp)
+    assert weights.max_weight == 1.0
+    assert through_weights.abs().max() < 1e-20
+    unbiased = haepo_loss(traj_logp, ref_traj_logp, returns, estimator="unbiased", **kwargs)
+    (grad,) = torch.autograd.grad(unbiased.loss, traj_logp)
+    assert float(unbiased.score_term.detach()) == 0.0 and float(unbiased.loss.detach()) == float(weights.loss.detach())
+    torch.testing.assert_close(grad, weights.loss.detach().expand(3), rtol=0, atol=1e-15)
+    assert float(weights.loss) == pytest.approx(-float(normalize_returns(returns)[0]), abs=1e-3)  # -R~_top
+
+
+def test_unbiased_estimator_takes_log_p_from_sample_logp():
+    """Where the weights come from rescaled L_k (length-normalised, tempered), grad log p is that of
+    the episodes' own log-likelihoods, ``sample_logp``."""
+    sample_logp = torch.tensor([-3.0, -5.0, -4.0], dtype=F64, requires_grad=True)
+    returns = torch.tensor([1.0, 0.0, 2.0], dtype=F64)
+    traj_logp = sample_logp / 4.0
+    out = haepo_loss(traj_logp, traj_logp.detach(), returns, beta_ent=0.0, beta_kl=0.0, estimator="unbiased",
+                     sample_logp=sample_logp)
+    (grad,) = torch.autograd.grad(out.loss, sample_logp)
+    w = torch.softmax(traj_logp.detach(), 0)
+    r = normalize_returns(returns)
+    through_weights = (-w * r + w * (w * r).sum()) / 4.0
+    torch.testing.assert_close(grad, through_weights + out.loss.detach(), rtol=0, atol=1e-14)
+
+
 # --- Hostile inputs: clear errors --------------------------------------------------------
 
 
@@ -323,6 +421,14 @@ def test_unknown_normalization_raises():
     with pytest.raises(ValueError, match="normalization must be one of"):
         haepo_loss(torch.zeros(2), torch.zeros(2), torch.ones(2), beta_ent=0.0, beta_kl=0.0,
                    normalization="minmax")
+
+
+def test_unknown_estimator_and_bad_sample_logp_raise():
+    with pytest.raises(ValueError, match=r"estimator must be one of \('weights', 'unbiased'\), got 'paper'"):
+        haepo_loss(torch.zeros(2), torch.zeros(2), torch.ones(2), beta_ent=0.0, beta_kl=0.0, estimator="paper")
+    with pytest.raises(ValueError, match="sample_logp has shape"):
+        haepo_loss(torch.zeros(2), torch.zeros(2), torch.ones(2), beta_ent=0.0, beta_kl=0.0, estimator="unbiased",
+                   sample_logp=torch.zeros(3))
 
 
 def test_shape_mismatch_raises():

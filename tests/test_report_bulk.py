@@ -3,9 +3,14 @@ curves of one ``get_metric_history`` per run and metric, on a real SQLite store 
 ``mlflow server`` backed by it (run with ``--static-prefix``).
 
 The store: 100 small trials and a few special ones: a step logged twice (later timestamp; same
-timestamp), a NaN, metrics with different step counts, a run with no metrics, a language-model
+timestamp), in a run of many steps and in one of one step (whose histories the report takes from
+its latest values), a NaN, metrics with different step counts, a run with no metrics, a language-model
 trial, a run whose 30,000 values of one metric fill a bulk response alone and two of 15,000 that
-fill one together (the server's cap is 25,000 values per response).
+fill one together (the server's cap is 25,000 values per response); and runs the report must
+not read: a deleted trial, a trial of another experiment.
+
+The runs themselves (:mod:`haepo_ray.report.records`) are read as ``MlflowClient.search_runs``
+finds them, without it: through the SQL tables and through the server's REST API.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import pytest
 from helpers import MLflowServer, sqlite_store
 
 from haepo_ray import names
-from haepo_ray.report import histories
+from haepo_ray.report import histories, runs
 from haepo_ray.report.histories import http_histories, per_run_histories, read_histories, sql_histories
 from haepo_ray.report.kinds import LLM, RL
+from haepo_ray.report.records import RunRecord, trial_runs
 from haepo_ray.report.runs import RETURN, SECONDS, curve_keys, curves, load_trials
+from haepo_ray.tracking import TRIAL_ROLE, search_all_runs
 
 EXPERIMENT = "bulk"
 SMALL = 100
@@ -55,6 +62,9 @@ def _build(db: Path) -> dict[str, str]:
 
     for i in range(SMALL):
         child(f"small-{i}", _metrics(RETURN, range(i % 4)) + _metrics(SECONDS, range(i % 3)))
+    client.delete_run(child("deleted", _metrics(RETURN, [1.0])))
+    other = client.create_experiment("other", artifact_location=(db.parent / "artifacts").as_uri())
+    client.set_terminated(client.create_run(other, tags={names.ROLE: "trial", names.PARENT_RUN: parent}).info.run_id)
     return {
         # step 2 twice (the later one, smaller, wins), step 3 twice at one time (the larger wins)
         "twice": child("twice", _metrics(RETURN, [1.0, 1.0]) + _metrics(RETURN, [0.5], 2, timestamp=20)
@@ -62,7 +72,11 @@ def _build(db: Path) -> dict[str, str]:
                        + _metrics(SECONDS, [1, 2, 3])
                        + _metrics(names.POLICY_ENTROPY, [0.9, 0.8, 0.7])),
         "ragged": child("ragged", _metrics(RETURN, [1, 2, 3, math.nan, 5]) + _metrics(names.REGRET_PER_STEP, [4, 3])),
-        "empty": child("empty", []),
+        # one step, logged twice (the later one, smaller, wins; at one time the larger), a NaN
+        "once": child("once", _metrics(RETURN, [1.0]) + _metrics(RETURN, [0.5], timestamp=20)
+                      + _metrics(SECONDS, [2.0], timestamp=5) + _metrics(SECONDS, [3.0], timestamp=5)
+                      + _metrics(names.REGRET_PER_STEP, [math.nan])),
+        "empty": child("empty", [], tags={"blank": ""}),  # REST's JSON leaves an empty value out
         "llm": child("llm", _metrics(names.llm_eval(names.LLM_REWARD), [0.1, 0.2, 0.3])
                      + _metrics("peak_memory_mb/generation", [7, 9]) + _metrics("peak_memory_mb/update", [8, 6]),
                      tags={names.MODEL: "tiny", names.DATA: "tldr"}),
@@ -125,8 +139,9 @@ def test_per_run_reader_keeps_a_steps_last_value(store):
     _, uri, ids = store
     client = _client(uri)
     wanted, kinds = _wanted(client)
-    got = per_run_histories(client, {i: wanted[i] for i in (ids["twice"], ids["ragged"], ids["empty"])})
+    got = per_run_histories(client, {i: wanted[i] for i in (ids["twice"], ids["once"], ids["ragged"], ids["empty"])})
     assert got[ids["twice"]][RETURN] == {1: 1.0, 2: 0.5, 3: 3.0}
+    assert got[ids["once"]][RETURN] == {1: 0.5} and got[ids["once"]][SECONDS] == {1: 3.0}
     assert math.isnan(got[ids["ragged"]][RETURN][4]) and got[ids["ragged"]][names.REGRET_PER_STEP] == {1: 4.0, 2: 3.0}
     assert curves(got[ids["empty"]], wanted[ids["empty"]], RL).empty
 
@@ -143,7 +158,7 @@ def test_sql_reader_gives_the_per_run_curves(store, reference, monkeypatch):
 
 
 def test_http_reader_gives_the_per_run_curves(store, reference, server):
-    """Through the server's bulk endpoint (107 runs: two chunks per metric), with responses
+    """Through the server's bulk endpoint (108 runs: two chunks per metric), with responses
     cut off at 25,000 values: by one run alone (read per run) and by two together (the second
     asked again)."""
     _, uri, ids = store
@@ -165,10 +180,87 @@ def test_trials_are_the_same_from_sqlite_and_from_the_server(store, reference, s
     _, uri, _ = store
     local, remote = (sorted(load_trials(u, [EXPERIMENT]), key=lambda t: t.run_id) for u in (uri, server.uri))
     wanted, kinds, expected = reference
-    assert len(local) == len(remote) == SMALL + 7
+    assert len(local) == len(remote) == SMALL + 8
     for a, b in zip(local, remote):
         pd.testing.assert_frame_equal(a.curves, b.curves, check_exact=True)
         pd.testing.assert_frame_equal(a.curves, curves(expected[a.run_id], wanted[a.run_id], kinds[a.run_id]),
                                       check_exact=True)
         a.curves = b.curves = None
         assert a == b
+
+
+def _search_runs_records(client) -> list[RunRecord]:
+    """The reference: the trial runs of :data:`EXPERIMENT` from ``MlflowClient.search_runs``."""
+    exp = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    records = [RunRecord.of(r) for r in search_all_runs(client, exp, f"tags.`{names.ROLE}` = '{TRIAL_ROLE}'")]
+    for record in records:
+        record.metrics.sort()
+    return records
+
+
+def test_records_are_what_search_runs_finds(store, server):
+    """The SQL tables and the REST API (under the server's static prefix) give the runs, in
+    the order, with the statuses, tags (an empty one too), params and metric keys of
+    ``search_runs`` (not the deleted trial nor the other experiment's), and each metric's
+    latest step and value as MLflow picks them from its history."""
+    _, uri, ids = store
+    expected = _search_runs_records(_client(uri))
+    assert len(expected) == SMALL + 8
+    assert next(r.tags for r in expected if r.run_id == ids["empty"])["blank"] == ""
+    latest = {r.run_id: {key: _latest(_client(uri).get_metric_history(r.run_id, key)) for key in r.metrics}
+              for r in expected}
+    assert latest[ids["once"]] == {RETURN: (1, 0.5), SECONDS: (1, 3.0), names.REGRET_PER_STEP: (1, "nan")}
+    for u in (uri, server.uri):
+        client = _client(u)
+        got = trial_runs(client, client.get_experiment_by_name(EXPERIMENT).experiment_id, names.ROLE, TRIAL_ROLE)
+        assert {r.run_id: {k: _nan(v) for k, v in r.latest.items()} for r in got} == latest
+        for record in got:
+            record.metrics.sort()
+            record.latest = {}
+        assert got == expected
+
+
+def _latest(history) -> tuple[int, float | str]:
+    """MLflow's latest value of a history: of the highest step, the latest logged, the largest."""
+    last = max(history, key=lambda m: (m.step, m.timestamp, m.value))
+    return _nan((last.step, last.value))
+
+
+def _nan(latest: tuple[int, float]) -> tuple[int, float | str]:
+    """``(step, value)`` with NaN as ``"nan"``, which equals itself."""
+    return latest[0], "nan" if math.isnan(latest[1]) else latest[1]
+
+
+def test_the_report_asks_no_search_runs(store, server, monkeypatch):
+    """``load_trials`` reads SQLite and the server without ``MlflowClient.search_runs``,
+    whose entities took most of a report's minute at 10,000 runs."""
+    from mlflow.tracking import MlflowClient
+
+    def refused(*args, **kwargs):
+        raise AssertionError("search_runs asked")
+
+    monkeypatch.setattr(MlflowClient, "search_runs", refused)
+    for u in (store[1], server.uri):
+        assert len(load_trials(u, [EXPERIMENT])) == SMALL + 8
+
+
+def test_one_step_metrics_are_not_read_again(store, server, monkeypatch):
+    """An RL trial's metrics whose latest step is the first are taken from its latest values
+    (the curves above are the per-run reader's all the same); the others, and a language-model
+    trial's, are read as histories."""
+    _, uri, ids = store
+    asked = {}
+
+    def spy(client, wanted):
+        asked.update(wanted)
+        return read_histories(client, wanted)
+
+    monkeypatch.setattr(runs, "read_histories", spy)
+    for u in (uri, server.uri):
+        asked.clear()
+        load_trials(u, [EXPERIMENT])
+        assert ids["once"] not in asked and ids["empty"] not in asked
+        assert set(asked[ids["ragged"]]) == {RETURN, names.REGRET_PER_STEP}
+        assert set(asked[ids["llm"]]) == {names.llm_eval(names.LLM_REWARD), "peak_memory_mb/generation",
+                                          "peak_memory_mb/update"}
+        assert ids["twice"] in asked

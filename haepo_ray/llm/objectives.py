@@ -6,7 +6,9 @@ Each prompt's completions form one group; the update's loss is the mean of the g
   length-normalised L_k / n_k and with a temperature tau (L_k / tau) against Plackett-Luce
   weight collapse: on SmolLM2 the L_k of 24-32-token completions differ by 10-30 nats, so the
   plain sum (the paper's, the default) gives one-hot weights. The effective number of
-  trajectories 1 / sum_k w_k^2 is returned every update to show it.
+  trajectories 1 / sum_k w_k^2 is returned every update to show it. ``estimator`` ``unbiased``:
+  the appendix's estimator, whose score-function term takes log p of the group's completions,
+  the plain sums of their token log-probs (not the rescaled L_k of the weights).
 - GRPO: :func:`haepo_ray.baseline_losses.grpo_loss` with tokens as steps and the group as
   the batch: token-level clipped ratio, k3 KL to the reference, the policy's token entropy,
   the advantage (R_k - mean R) / (std R + 1e-4) with the group's sample std, as TRL's.
@@ -80,8 +82,11 @@ class HAEPOObjective(Objective):
     def group_losses(self, s, token_logp, token_entropy, ref_token_logp, old_token_logp, mask, returns, groups):
         traj = _haepo_traj_logp(token_logp, mask, s)
         ref = _haepo_traj_logp(ref_token_logp, mask, s)
+        # log pi(y_k | x), the sampling distribution's: the unbiased estimator's grad log p
+        sample = sequence_logp(token_logp, mask) if s.estimator == "unbiased" else traj
         return [haepo_loss(traj[g], ref[g], returns[g], beta_ent=s.beta_ent, beta_kl=s.beta_kl,
-                           normalization=s.normalization).loss for g in groups]
+                           normalization=s.normalization, estimator=s.estimator, sample_logp=sample[g]).loss
+                for g in groups]
 
 
 class GRPOObjective(Objective):

@@ -53,7 +53,7 @@ from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, gr
 from haepo_ray.llm.rollout import Batch, completion_logits, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["Phase", "Policy", "model_passes", "no_phase"]
+__all__ = ["Phase", "Policy", "denormals", "model_passes", "no_phase"]
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]  # phase name -> context
 
@@ -92,6 +92,29 @@ def autocast(settings: LLMTrainSettings) -> contextlib.AbstractContextManager[No
     if settings.precision == "pure":
         return contextlib.nullcontext()
     return torch.autocast(torch.device(settings.device).type, dtype=torch_dtype(settings.dtype))
+
+
+@contextlib.contextmanager
+def denormals(settings: LLMTrainSettings) -> Iterator[None]:
+    """Subnormal floats flushed to zero on this thread while inside, with ``flush_denormal``.
+
+    HAEPO's one-hot weights scale the gradient of a group's other completions by their weights
+    (1e-20 and less), and times the softmax's small probabilities the logits' gradient is
+    subnormal; on x86 every operation on a subnormal takes a microcode assist (the LM head's
+    backward matrix product ran 175 times slower on subnormal input: BENCHMARKS.md, "Subnormal
+    floats"). A value below 1.2e-38 (float32's and bfloat16's smallest normal) moves no weight
+    measurably: AdamW's step is about g / (sqrt(v) + 1e-8). torch sets the flag (FTZ and DAZ) of
+    the calling thread only, so further intra-op threads keep subnormals; torch has no getter,
+    and the flag is cleared on the way out (the CPU's default).
+    """
+    if not settings.flush_denormal:
+        yield
+        return
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def model_passes(settings: LLMTrainSettings) -> TokenStats:

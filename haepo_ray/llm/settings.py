@@ -69,17 +69,22 @@ class ObjectiveSettings:
     normalization: str = "zscore"
     length_normalize: bool = False
     weight_temperature: float = 1.0
+    estimator: str = "weights"
     clip_param: float = 0.2
     dpo_beta: float = 0.1
     dpo_pairs: str = "gold"
 
     def __post_init__(self) -> None:
-        from haepo_ray.loss import NORMALIZATIONS
+        from haepo_ray.loss import ESTIMATORS, NORMALIZATIONS
 
         if self.algo not in ALGORITHMS:
             raise ValueError(f"algo must be one of {ALGORITHMS}, got {self.algo!r}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.estimator != "weights" and self.algo != "HAEPO":
+            raise ValueError(f"estimator {self.estimator!r} is HAEPO's gradient estimator, not {self.algo}'s")
         for name in ("beta_ent", "beta_kl"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
@@ -117,6 +122,7 @@ class LLMTrainSettings:
     normalization: str = ObjectiveSettings.normalization
     length_normalize: bool = ObjectiveSettings.length_normalize
     weight_temperature: float = ObjectiveSettings.weight_temperature
+    estimator: str = ObjectiveSettings.estimator
     clip_param: float = ObjectiveSettings.clip_param
     dpo_beta: float = ObjectiveSettings.dpo_beta
     dpo_pairs: str = ObjectiveSettings.dpo_pairs
@@ -128,6 +134,7 @@ class LLMTrainSettings:
     micro_batch_size: int = 1
     # Memory savers (haepo_ray.llm.policy): activation recomputation, and LoRA adapters when lora_r > 0.
     gradient_checkpointing: bool = False
+    flush_denormal: bool = True  # subnormal floats to zero on CPU (haepo_ray.llm.policy.denormals)
     lora_r: int = 0
     lora_alpha: float = 16.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")  # peft's default for Llama and Qwen2
@@ -164,7 +171,7 @@ class LLMTrainSettings:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
-        for name in ("gradient_checkpointing", "eval_start"):
+        for name in ("gradient_checkpointing", "flush_denormal", "eval_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.aspect not in ASPECTS:
@@ -231,6 +238,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "normalization": "returns' normalisation: zscore, sum or none",
     "length_normalize": "HAEPO: weights from L_k / length instead of the paper's plain sum",
     "weight_temperature": "HAEPO: weights from L_k / tau",
+    "estimator": "HAEPO's gradient: weights (through the weights alone, the paper's Sec. 3) or unbiased (the "
+                 "appendix's Monte Carlo estimator: adds the loss times grad log p of the sampled completions)",
     "clip_param": "GRPO: the ratio's clip epsilon",
     "dpo_beta": "DPO: the implicit reward's beta",
     "dpo_pairs": "DPO: its preference pairs, gold (the paper's: the gold summary preferred to each of its group's "
@@ -242,6 +251,8 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "aspect": "ACLSum: every prompt asks for this aspect (challenge, approach, outcome), or all three (all)",
     "micro_batch_size": "completions per backward pass (0: the whole update at once)",
     "gradient_checkpointing": "recompute each decoder layer's activations in the backward pass",
+    "flush_denormal": "flush subnormal floats to zero on the CPU thread that runs the passes (HAEPO's one-hot "
+                      "weights make the LM head's backward meet them, many times slower on x86 without)",
     "lora_r": "LoRA rank (0: train every weight)",
     "lora_alpha": "LoRA scale alpha",
     "lora_target_modules": "modules that get LoRA adapters",

@@ -85,7 +85,7 @@ from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, objective_of, rows_per_prompt
-from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.policy import Policy, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
@@ -217,7 +217,7 @@ class LLMRun:
         """Supervised warm-up: token-mean NLL of the gold summary after the prompt; then the
         model is frozen as the reference policy and the RL optimiser is made."""
         s, world = self.settings, self.world
-        with self.clock.phase("sft"):
+        with self.clock.phase("sft"), denormals(s):
             steps = math.ceil(s.sft_examples / s.sft_batch)
             self.policy.start_sft()
             stream = _cycle(self.splits.sft, random.Random(s.seed))
@@ -242,7 +242,7 @@ class LLMRun:
         s = self.settings
         if not (s.eval_start and self.world.is_main and self.start_eval is None and self.update == 0):
             return
-        with self.clock.phase("eval"):
+        with self.clock.phase("eval"), denormals(s):
             means, records = evaluate(s, self.policy, self.tokenizer, self.reward_fn, self.splits.eval)
         self.start_eval = {"fields": evaluation_fields(s), names.LLM_EVAL: means, "records": records}
 
@@ -309,11 +309,12 @@ class LLMRun:
         while self.update < s.rl_updates:
             chosen = [next(stream) for _ in range(s.batch_prompts)]
             self.update += 1
-            row = {"update": self.update, **self._rl_update(chosen), **start}
-            start = {}
-            if s.evaluated_after(self.update):
-                with self.clock.phase("eval"):
-                    row.update(self._evaluate())
+            with denormals(self.settings):
+                row = {"update": self.update, **self._rl_update(chosen), **start}
+                start = {}
+                if s.evaluated_after(self.update):
+                    with self.clock.phase("eval"):
+                        row.update(self._evaluate())
             row.update(self.clock.times())
             self.writer.metric(row)
             yield row

@@ -115,7 +115,7 @@ def _values(curves: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
     pandas: the table reads them for every trial)."""
     if metric not in curves:
         return np.empty(0), np.empty(0)
-    values = curves[metric].to_numpy()
+    values = curves.to_numpy()[:, curves.columns.get_loc(metric)]  # a view of one block: no Series built
     kept = ~np.isnan(values)
     return curves.index.to_numpy()[kept], values[kept]
 

@@ -1,6 +1,6 @@
 """Metric histories of many runs, read in batches rather than one request per run and metric.
 
-:func:`read_histories` picks the store's batched reader by its tracking URI:
+:func:`read_histories` picks the store's batched reader by its tracking URI (:func:`store_kind`):
 
 - a SQL store (``sqlite:///``, ``postgresql://``, ``mysql://``, ``mssql://``): its ``metrics``
   table, :data:`SQL_RUNS` runs per query, through the client's own SQLAlchemy store;
@@ -36,14 +36,18 @@ HTTP_RUNS = 100
 HTTP_VALUES = 25_000
 
 
+def store_kind(tracking_uri: str) -> str:
+    """``"sql"`` (a SQL store), ``"http"`` (an ``mlflow server``) or ``"client"`` (any other)."""
+    if mlflow_internals.is_sql_store(tracking_uri):
+        return "sql"
+    return "http" if urlparse(tracking_uri).scheme in ("http", "https") else "client"
+
+
 def read_histories(client, wanted: Mapping[str, Sequence[str]]) -> Histories:
     """The histories of ``wanted`` (run id -> metric keys) from ``client``'s store; a run or key
     without values may be missing."""
-    if mlflow_internals.is_sql_store(client.tracking_uri):
-        return sql_histories(client, wanted)
-    if urlparse(client.tracking_uri).scheme in ("http", "https"):
-        return http_histories(client, wanted)
-    return per_run_histories(client, wanted)
+    readers = {"sql": sql_histories, "http": http_histories, "client": per_run_histories}
+    return readers[store_kind(client.tracking_uri)](client, wanted)
 
 
 def history(steps: Iterable[tuple[int, float]]) -> History:

@@ -41,7 +41,7 @@ from haepo_ray.rl.callbacks import EpisodeInfoMetrics
 from haepo_ray.rl.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
 from haepo_ray.rl.learner import TRAINING_ITERATION
-from haepo_ray.loss import NORMALIZATIONS
+from haepo_ray.loss import ESTIMATORS, NORMALIZATIONS
 from haepo_ray.rl.metrics import MetricsExporter
 from haepo_ray.rl.schedules import ScheduleSpec, parse_schedule
 from haepo_ray.upstream import rllib as rllib_internals
@@ -61,6 +61,7 @@ class HAEPOConfig(AlgorithmConfig):
         self.beta_ent: ScheduleSpec = 0.05
         self.beta_kl: ScheduleSpec = 0.05
         self.reward_normalization = "zscore"
+        self.estimator = "weights"
         self.reference_policy = "lagged"
         self.reference_update_interval = 10
         self.lr = 1e-3
@@ -76,6 +77,7 @@ class HAEPOConfig(AlgorithmConfig):
         beta_ent: ScheduleSpec | None = NotProvided,
         beta_kl: ScheduleSpec | None = NotProvided,
         reward_normalization: str | None = NotProvided,
+        estimator: str | None = NotProvided,
         reference_policy: str | None = NotProvided,
         reference_update_interval: int | None = NotProvided,
         **kwargs: Any,
@@ -88,6 +90,9 @@ class HAEPOConfig(AlgorithmConfig):
                 (see :mod:`haepo_ray.rl.schedules`).
             beta_kl: weight of the KL penalty towards the reference policy, same forms.
             reward_normalization: ``"zscore"``, ``"sum"`` or ``"none"``.
+            estimator: the loss's gradient, ``"weights"`` (default: through the weights alone)
+                or ``"unbiased"`` (the paper appendix's estimator, which adds the loss times
+                grad log p of the sampled episodes); see :func:`haepo_ray.loss.haepo_loss`.
             reference_policy: ``"lagged"`` (default), ``"initial"`` or ``"behavior"``;
                 see :class:`haepo_ray.rl.learner.HAEPOTorchLearner`.
             reference_update_interval: training iterations (``train()`` calls, however
@@ -102,6 +107,7 @@ class HAEPOConfig(AlgorithmConfig):
             ("beta_ent", beta_ent),
             ("beta_kl", beta_kl),
             ("reward_normalization", reward_normalization),
+            ("estimator", estimator),
             ("reference_policy", reference_policy),
             ("reference_update_interval", reference_update_interval),
         ):
@@ -124,6 +130,11 @@ class HAEPOConfig(AlgorithmConfig):
                 f"HAEPO: reward_normalization must be one of {NORMALIZATIONS}, "
                 f"got {self.reward_normalization!r}"
             )
+        if self.estimator not in ESTIMATORS:
+            rllib_internals.config_error(self, f"HAEPO: estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.estimator != "weights" and self.algo_class is not HAEPO:  # the baselines' losses have their own
+            rllib_internals.config_error(self, f"estimator {self.estimator!r} is HAEPO's gradient estimator, not "
+                                               f"{self.algo_class.__name__}'s")
         if self.reference_policy not in REFERENCE_POLICIES:
             rllib_internals.config_error(self, 
                 f"HAEPO: reference_policy must be one of {REFERENCE_POLICIES}, "

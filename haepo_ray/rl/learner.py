@@ -217,6 +217,7 @@ class HAEPOTorchLearner(TorchLearner):
                 beta_ent=episodes.beta_ent,
                 beta_kl=episodes.beta_kl,
                 normalization=config.reward_normalization,
+                estimator=config.estimator,
             )
         )
         return loss, {
