@@ -35,6 +35,7 @@ KL_TO_REFERENCE = f"{LEARNER}/kl_to_reference"
 EFFECTIVE_NUM_TRAJECTORIES = f"{LEARNER}/effective_num_trajectories"
 MAX_WEIGHT = f"{LEARNER}/max_weight"
 # Language-model trials: the metric rows of haepo_ray.llm.train, one Tune result per RL update.
+LLM_GENERATIONS = "generations.jsonl"  # an LM trial's artifact: its evaluations' prompts, completions, scores
 LLM_UPDATE = "update"  # the RL update: the step of LM trials (survives a restart from checkpoint)
 LLM_REWARD = "reward_mean"
 LLM_ROUGE_L = "rouge_l"

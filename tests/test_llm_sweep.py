@@ -32,6 +32,7 @@ from mlflow.tracking import MlflowClient
 
 from haepo_ray import names
 from haepo_ray.llm.sft_start import MARKER, start_key
+from haepo_ray.report.generations import JUDGES
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.kinds.llm.fit import config_memory_key
 from haepo_ray.sweep.kinds import load_plan, parse_plan
@@ -166,8 +167,8 @@ def test_report_of_the_smoke_sweep(smoke, tmp_path):
                   for c in children if c.data.params["algo"] == algorithm]
         assert len(finals) == 2 and row["reward mean"] == pytest.approx(sum(finals) / 2), algorithm
     assert any("memory" in fig.stem for fig in report.figures)
-    # generations.jsonl read through the server: every ordered pair of methods, by two judges, on both seeds
-    assert len(report.win_rates) == 2 * 6 and set(report.win_rates["win rate"].map(lambda r: r.n)) == {2}
+    # generations.jsonl read through the server: every ordered pair of methods, by every judge, on both seeds
+    assert len(report.win_rates) == len(JUDGES) * 6 and set(report.win_rates["win rate"].map(lambda r: r.n)) == {2}
     assert all((tmp_path / "report" / f"{fig.stem}.png").exists() for fig in report.figures)
     assert "llm_smoke" in (tmp_path / "report" / "index.html").read_text()
 

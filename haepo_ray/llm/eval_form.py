@@ -28,23 +28,20 @@ model) that any of the forms has.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import json
-import os
 import random
-import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from haepo_ray.llm.data import jsonl_rows
 from haepo_ray.llm.rewards import rouge_l
-from haepo_ray.names import PARENT_RUN, ROLE
+from haepo_ray.names import LLM_GENERATIONS, PARENT_RUN, ROLE
 
-GENERATIONS = "generations.jsonl"
+GENERATIONS = LLM_GENERATIONS
 KEY_COLUMNS = ("form_id", "post", "slot", "prompt_id", "method", "algorithm", "model", "run_id", "seed",
                "update", "rouge_l")
 # Keys of a generations.jsonl object and their JSON types (bool is no int here); "method" may be
@@ -121,21 +118,6 @@ def _kind_name(kind) -> str:
     return "a number" if isinstance(kind, tuple) else {int: "an integer", str: "a string"}[kind]
 
 
-@contextlib.contextmanager
-def no_progress_bars() -> Iterator[None]:
-    """MLflow draws a "Downloading artifacts" bar per file (one per trial run); the form's
-    command and ``haepo report`` print what they wrote instead."""
-    saved = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved
-
-
 def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generation]:
     """The records of every trial run (tag ``haepo.role`` = ``trial``, a sweep's child) of
     ``experiment`` that has a ``generations.jsonl`` artifact, each with its run id and its
@@ -144,18 +126,16 @@ def generations_from_mlflow(experiment: str, tracking_uri: str) -> list[Generati
     ``LookupError`` when the store, the experiment or any generations are missing."""
     from haepo_ray.report.runs import run_config_label
     from haepo_ray.tracking import experiment_named, open_store, search_all_runs
+    from haepo_ray.tracking.queries import run_artifacts
 
     client = open_store(tracking_uri)
     exp = experiment_named(client, experiment)
     runs = [r for r in search_all_runs(client, exp.experiment_id, f"tags.`{ROLE}` = 'trial'")
             if PARENT_RUN in r.data.tags]
+    labels = {run.info.run_id: run_config_label(run) for run in runs}
     records: list[Generation] = []
-    with tempfile.TemporaryDirectory() as tmp, no_progress_bars():
-        for run in runs:
-            run_id = run.info.run_id
-            if GENERATIONS in {a.path for a in client.list_artifacts(run_id)}:
-                records += read_generations(client.download_artifacts(run_id, GENERATIONS, tmp), run_id,
-                                            run_config_label(run))
+    for run_id, path in run_artifacts(client, labels, GENERATIONS):
+        records += read_generations(path, run_id, labels[run_id])
     if not records:
         raise LookupError(f"MLflow experiment {experiment!r} at {tracking_uri} has no generations: "
                           f"none of its {len(runs)} trial runs has a {GENERATIONS} artifact "

@@ -95,7 +95,7 @@ __all__ = ["LLMRun", "LLMTrainSettings", "train"]
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
-GENERATIONS_FILE = "generations.jsonl"
+GENERATIONS_FILE = names.LLM_GENERATIONS
 STATE_FILE = "state.pt"
 START_EVAL_FILE = "start_eval.json"  # an SFT start's own evaluation (save_sft), with the settings it was made under
 

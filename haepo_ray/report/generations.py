@@ -11,13 +11,12 @@ and those of its SFT start's evaluation (update 0, settings ``eval_start``:
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Iterable, Mapping
 
 from haepo_ray import names
 from haepo_ray.llm.data import jsonl_rows
-from haepo_ray.llm.eval_form import GENERATIONS, no_progress_bars
 from haepo_ray.report.stats import auc
+from haepo_ray.tracking.queries import run_artifacts
 
 # What judges a completion (label -> its key in a record): the paper's reward against the gold
 # summary, its semantic-similarity part (all-MiniLM-L6-v2 cosine to the gold summary), and ROUGE-L
@@ -82,10 +81,7 @@ def _number(value) -> bool:
 def read_scores(client, run_ids: Iterable[str]) -> Mapping[str, tuple[Scores, Scores]]:
     """Run id -> :func:`evaluation_scores` of its ``generations.jsonl``, for the runs that have one."""
     out = {}
-    with tempfile.TemporaryDirectory() as tmp, no_progress_bars():
-        for run_id in run_ids:
-            if GENERATIONS in {a.path for a in client.list_artifacts(run_id)}:
-                path = client.download_artifacts(run_id, GENERATIONS, tmp)
-                with open(path, encoding="utf-8") as f:
-                    out[run_id] = evaluation_scores(f, f"{GENERATIONS} of run {run_id}")
+    for run_id, path in run_artifacts(client, run_ids, names.LLM_GENERATIONS):
+        with open(path, encoding="utf-8") as f:
+            out[run_id] = evaluation_scores(f, f"{names.LLM_GENERATIONS} of run {run_id}")
     return out

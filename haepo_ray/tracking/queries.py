@@ -7,6 +7,12 @@ create); tests and the report use them to read a sweep back.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
 from haepo_ray import names
 from haepo_ray.tracking.schema import SWEEP_ROLE
 from haepo_ray.tracking.uri import sqlite_file
@@ -43,6 +49,30 @@ def search_all_runs(client, experiment_id: str, filter_string: str) -> list:
         token = page.token
         if not token:
             return runs
+
+
+def run_artifacts(client, run_ids: Iterable[str], name: str) -> Iterator[tuple[str, Path]]:
+    """(run id, local copy) of the file ``name`` at the artifact root of each of ``run_ids``
+    that has one, downloaded in turn to a temporary folder that lasts while the caller reads."""
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bars():
+        for run_id in run_ids:
+            if name in {a.path for a in client.list_artifacts(run_id)}:
+                yield run_id, Path(client.download_artifacts(run_id, name, tmp))
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """MLflow draws a "Downloading artifacts" bar per file (one per trial run); the form's
+    command and ``haepo report`` print what they wrote instead."""
+    saved = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved
 
 
 def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
