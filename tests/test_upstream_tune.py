@@ -17,6 +17,7 @@ import pytest
 from ray.tune.execution.tune_controller import TuneController
 
 from haepo_ray.upstream import tune as tune_private
+from haepo_ray.upstream import tune_storage
 from haepo_ray.sweep.results import TrialRecorder
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import SweepError, run_sweep
@@ -45,8 +46,8 @@ def test_a_sweep_of_short_trials_kills_no_actor_while_it_starts(ray_session, tmp
     removed was starting (``removed``). A run in which the race did not occur proves nothing of
     the patch, and says so (a skip), after the checks that hold either way."""
     synced = []  # files copied into the experiment's folder by each patched sync
-    sync_folder = tune_private.sync_folder
-    monkeypatch.setattr(tune_private, "sync_folder", lambda **kw: synced.append(sync_folder(**kw)) or synced[-1])
+    sync_folder = tune_storage.sync_folder
+    monkeypatch.setattr(tune_storage, "sync_folder", lambda **kw: synced.append(sync_folder(**kw)) or synced[-1])
     removed = []  # for each actor Tune removed: was it starting?
     remove_actor, launching = TuneController._remove_actor, tune_private.launching
 
@@ -108,15 +109,15 @@ def test_sync_folder_copies_what_changed_each_file_whole(tmp_path):
     (source / "experiment_state-1.json").write_text('{"trial_data": [1]}')
     (source / "trial_0" / "result.json").write_text('{"i": 1}\n')
     (source / ".0123-tmp-basic-variant-state-1.json").write_text("half")  # Tune's own temporary
-    assert tune_private.sync_folder(str(source), str(destination), copied) == 2
+    assert tune_storage.sync_folder(str(source), str(destination), copied) == 2
     assert tree(destination) == {"experiment_state-1.json": b'{"trial_data": [1]}',
                                  "trial_0/result.json": b'{"i": 1}\n'}
     assert (destination / "trial_1").is_dir()
-    assert tune_private.sync_folder(str(source), str(destination), copied) == 0
+    assert tune_storage.sync_folder(str(source), str(destination), copied) == 0
 
     with open(source / "trial_0" / "result.json", "a") as f:
         f.write('{"i": 2}\n')
-    assert tune_private.sync_folder(str(source), str(destination), copied) == 1
+    assert tune_storage.sync_folder(str(source), str(destination), copied) == 1
     assert tree(destination)["trial_0/result.json"] == b'{"i": 1}\n{"i": 2}\n'
 
 
@@ -125,7 +126,7 @@ def test_a_copy_cut_short_leaves_the_old_file_and_nothing_tune_reads(tmp_path, m
     source.mkdir()
     state = source / "experiment_state-1.json"
     state.write_text('{"trial_data": [1]}')
-    tune_private.sync_folder(str(source), str(destination), copied)
+    tune_storage.sync_folder(str(source), str(destination), copied)
     state.write_text('{"trial_data": [1, 2, 3]}')
 
     def killed_halfway(src, dst):
@@ -134,7 +135,7 @@ def test_a_copy_cut_short_leaves_the_old_file_and_nothing_tune_reads(tmp_path, m
 
     monkeypatch.setattr(shutil, "copyfile", killed_halfway)
     with pytest.raises(KeyboardInterrupt):
-        tune_private.sync_folder(str(source), str(destination), copied)
+        tune_storage.sync_folder(str(source), str(destination), copied)
     assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1]}'
     assert fnmatch.filter(os.listdir(destination), TuneController.CKPT_FILE_TMPL.format("*")) \
         == ["experiment_state-1.json"]
@@ -147,14 +148,14 @@ def test_a_copy_cut_short_leaves_the_old_file_and_nothing_tune_reads(tmp_path, m
         rewrites.append((src, dst))
 
     monkeypatch.setattr(shutil, "copyfile", rewritten_meanwhile)
-    assert tune_private.sync_folder(str(source), str(destination), copied) == 0
+    assert tune_storage.sync_folder(str(source), str(destination), copied) == 0
     assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1]}'
     # The race happened: the state was copied once, into the temporary, and changed meanwhile;
     # the copy was thrown away (and with it what the cut-short copy above had left there).
     assert rewrites == [(str(state), str(destination / ".experiment_state-1.json.tmp"))]
     assert sorted(os.listdir(destination)) == ["experiment_state-1.json"]
     monkeypatch.undo()
-    assert tune_private.sync_folder(str(source), str(destination), copied) == 1
+    assert tune_storage.sync_folder(str(source), str(destination), copied) == 1
     assert (destination / "experiment_state-1.json").read_text() == '{"trial_data": [1, 2, 3, 4]}'
 
 

@@ -1,8 +1,10 @@
 """The fence: every private name of an upstream library that haepo-ray reads, writes, overrides or
-patches lives in this package, one module per library, each name with its reason:
+patches lives in this package, a module per library, each name with its reason:
 
 - :mod:`~haepo_ray.upstream.core`: Ray core (a submitted job's runtime environment);
 - :mod:`~haepo_ray.upstream.tune`: Ray Tune (and the Ray Train storage under it);
+- :mod:`~haepo_ray.upstream.tune_storage`: Tune's copy of the experiment folder, patched (its
+  names declared in ``tune``);
 - :mod:`~haepo_ray.upstream.rllib`: RLlib;
 - :mod:`~haepo_ray.upstream.mlflow`: MLflow;
 - :mod:`~haepo_ray.upstream.torch`: PyTorch (fake tensors, dispatch modes, attention kernels);
