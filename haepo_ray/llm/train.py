@@ -65,14 +65,13 @@ completions depend on how the prompts split over the workers).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,88 +87,21 @@ from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, obj
 from haepo_ray.llm.policy import Policy, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
+from haepo_ray.llm.run_log import GENERATIONS_FILE, METRICS_FILE, Callback, RunClock, RunWriter
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.llm.sft_start import evaluation_fields
 
 __all__ = ["LLMRun", "LLMTrainSettings", "train"]
 
 CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-GENERATIONS_FILE = names.LLM_GENERATIONS
 STATE_FILE = "state.pt"
 START_EVAL_FILE = "start_eval.json"  # an SFT start's own evaluation (save_sft), with the settings it was made under
-
-Callback = Callable[[dict[str, Any]], None]
-
 
 def _cycle(examples: Sequence[Example], rng: random.Random) -> Iterator[Example]:
     while True:
         order = list(examples)
         rng.shuffle(order)
         yield from order
-
-
-class _Writer:
-    """The output files (rank 0 only; other workers keep the rows and write nothing)."""
-
-    def __init__(self, out_dir: Path | None, callback: Callback | None, *, append: bool = False) -> None:
-        mode = "a" if append else "w"
-        self.metrics = (out_dir / METRICS_FILE).open(mode) if out_dir else None
-        self.generations = (out_dir / GENERATIONS_FILE).open(mode) if out_dir else None
-        self.callback = callback
-        self.rows: list[dict[str, Any]] = []
-
-    def metric(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if self.metrics:
-            self.metrics.write(json.dumps(row) + "\n")
-            self.metrics.flush()
-        if self.callback is not None:
-            self.callback(row)
-
-    def generation(self, row: dict[str, Any]) -> None:
-        if self.generations:
-            self.generations.write(json.dumps(row) + "\n")
-            self.generations.flush()
-
-    def close(self) -> None:
-        for f in (self.metrics, self.generations):
-            if f:
-                f.close()
-
-
-class _Clock:
-    """A run's wall time since its start (plus a restored run's earlier time) and the cumulative
-    seconds of its phases (:data:`haepo_ray.names.LLM_TIME_PHASES`)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.before = 0.0
-        self.phases = dict.fromkeys(names.LLM_TIME_PHASES, 0.0)
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[name] += time.perf_counter() - start
-
-    def times(self) -> dict[str, Any]:
-        """``train_time_s`` and ``phase_time_s`` of a metric row."""
-        return {names.LLM_TRAIN_TIME: self.before + time.perf_counter() - self.start,
-                names.LLM_PHASE_TIME: dict(self.phases)}
-
-    def credit(self, name: str, seconds: float) -> None:
-        """Count ``seconds`` spent elsewhere (a shared SFT start's) as this run's, in phase ``name``."""
-        self.before += seconds
-        self.phases[name] += seconds
-
-    def resume(self, row: dict[str, Any]) -> None:
-        """Go on from the times of a restored run's last row."""
-        self.before = row[names.LLM_TRAIN_TIME]
-        for name, seconds in row[names.LLM_PHASE_TIME].items():
-            self.phases[name] += seconds
 
 
 class LLMRun:
@@ -179,7 +111,7 @@ class LLMRun:
 
     def __init__(self, settings: LLMTrainSettings, out_dir: str | Path, *, world: World = World(),
                  reward_fn: RewardFn | None = None, callback: Callback | None = None) -> None:
-        self.clock = _Clock()
+        self.clock = RunClock()
         with self.clock.phase("load"):
             if settings.device.startswith("cuda") and not torch.cuda.is_available():
                 raise ValueError(f"device {settings.device!r}: this torch build sees no CUDA device")
@@ -202,7 +134,7 @@ class LLMRun:
             self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
             summary_metrics(["warm up"], ["warm up"])  # loads the encoder and scorers outside the timed updates
             self.callback = callback
-            self.writer = _Writer(self.out if world.is_main else None, callback)
+            self.writer = RunWriter(self.out if world.is_main else None, callback)
             self.update = 0  # RL updates done
             self.start_eval: dict[str, Any] | None = None  # the SFT start's evaluation (eval_start), rank 0
 
@@ -421,7 +353,7 @@ class LLMRun:
                 self.writer.close()
                 for name in (METRICS_FILE, GENERATIONS_FILE):
                     shutil.copyfile(folder / name, self.out / name)
-                self.writer = _Writer(self.out, self.callback, append=True)
+                self.writer = RunWriter(self.out, self.callback, append=True)
             metrics = folder / METRICS_FILE
             lines = metrics.read_text().splitlines()
             self.writer.rows = [row for _, row in jsonl_rows(lines, lambda n: f"{metrics}:{n}")]
