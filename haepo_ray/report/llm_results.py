@@ -128,16 +128,30 @@ def pairwise(ours: Group, theirs: Group, judge: str) -> Interval:
     return bootstrap_ci(rows, bounds=(0.0, 1.0))
 
 
+def llm_sections(groups: list[Group]) -> dict[str, list[Group]]:
+    """The language-model groups by section (model and data set), in section order."""
+    out: dict[str, list[Group]] = {}
+    for g in groups:
+        if g.kind is LLM:
+            out.setdefault(g.section, []).append(g)
+    return dict(sorted(out.items()))
+
+
+def section_labels(members: list[Group]) -> dict[int, str]:
+    """``id(group)`` -> its method's name in a section's tables (:func:`method_label`), prefixed
+    by its experiment where the section holds several."""
+    several = len({g.experiment for g in members}) > 1
+    return {id(g): f"{g.experiment}: {method_label(g)}" if several else method_label(g) for g in members}
+
+
 def win_rates(groups: list[Group]) -> pd.DataFrame:
     """Per model and data set, judge and ordered pair of its language-model methods with a
     seed in common: the first's win rate against the second (:func:`pairwise`), in column
     ``win rate``. Methods are named by :func:`method_label`, prefixed by their experiment
     where a model and data set have several."""
     rows = []
-    for section in sorted({g.section for g in groups if g.kind is LLM}):
-        members = [g for g in groups if g.kind is LLM and g.section == section]
-        several = len({g.experiment for g in members}) > 1
-        label = {id(g): f"{g.experiment}: {method_label(g)}" if several else method_label(g) for g in members}
+    for members in llm_sections(groups).values():
+        label = section_labels(members)
         for judge, key in JUDGES.items():
             for ours in members:
                 for theirs in (g for g in members if g is not ours):

@@ -26,8 +26,7 @@ import pandas as pd
 from haepo_ray import names
 from haepo_ray.report.aggregate import Group
 from haepo_ray.report.generations import JUDGES
-from haepo_ray.report.kinds import LLM
-from haepo_ray.report.llm_results import interval_text, method_label
+from haepo_ray.report.llm_results import interval_text, llm_sections, section_labels
 from haepo_ray.report.sft_start import SFT_START
 
 __all__ = ["METRICS", "OPTIMISED_TITLE", "VERDICTS_TITLE", "optimisation_table", "optimised", "trained_on",
@@ -91,25 +90,12 @@ def trained_on(g: Group) -> str:
     return "?"
 
 
-def _sections(groups: list[Group]) -> dict[str, list[Group]]:
-    out: dict[str, list[Group]] = {}
-    for g in groups:
-        if g.kind is LLM:
-            out.setdefault(g.section, []).append(g)
-    return out
-
-
-def _labels(members: list[Group]) -> dict[int, str]:
-    several = len({g.experiment for g in members}) > 1
-    return {id(g): f"{g.experiment}: {method_label(g)}" if several else method_label(g) for g in members}
-
-
 def optimisation_table(groups: list[Group]) -> pd.DataFrame:
     """Per model and data set and metric of :data:`METRICS`: the methods that optimised it
     (:data:`NONE` where none did); then per method what it learned from."""
     rows = []
-    for section, members in sorted(_sections(groups).items()):
-        subject, label = members[0].trials[0].subject, _labels(members)
+    for members in llm_sections(groups).values():
+        subject, label = members[0].trials[0].subject, section_labels(members)
         for metric, name in METRICS.items():
             by = [label[id(g)] for g in members if metric in optimised(g)]
             rows.append({**subject, "metric or method": name, "optimised by / trained on": ", ".join(by) or NONE})
@@ -135,8 +121,8 @@ def verdicts(groups: list[Group], rates: pd.DataFrame) -> pd.DataFrame:
     if rates.empty:
         return pd.DataFrame()
     rows = []
-    for _, members in sorted(_sections(groups).items()):
-        label = _labels(members)
+    for members in llm_sections(groups).values():
+        label = section_labels(members)
         by_label = {label[id(g)]: g for g in members}
         subject = members[0].trials[0].subject
         part = rates[rates[list(subject)].eq(pd.Series(subject)).all(axis=1)] if len(subject) else rates
