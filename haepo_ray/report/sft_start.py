@@ -49,8 +49,8 @@ def _start_trial(source: Trial) -> Trial | None:
     if names.LLM_TRAIN_TIME in curves and curves[names.LLM_TRAIN_TIME].notna().any():
         seconds = curves[names.LLM_TRAIN_TIME].dropna()
         frame[names.LLM_TRAIN_TIME] = [float(seconds.iloc[0]), float(seconds.iloc[-1])]
-    scores = {prompt: {**values, **{auc_key(k): v for k, v in values.items() if auc_key(k) in values}}
-              for prompt, values in source.start_scores.items()}  # a level line's area: its value
+    scores = {prompt: {**row, **{auc_key(k): v for k, v in row.items() if auc_key(k) in row}}
+              for prompt, row in source.start_scores.items()}  # a level line's area: its value
     return dataclasses.replace(source, run_id=f"{source.run_id}:{names.LLM_EVAL_START}", algorithm=SFT_START,
                                config={}, curves=frame, scores=scores, start_scores={})
 

@@ -29,7 +29,7 @@ class Interval:
     low: float
     high: float
     n: int
-    how: str = "t"  # T (mean_ci) or BOOTSTRAP (bootstrap_ci)
+    how: str = T  # T (mean_ci) or BOOTSTRAP (bootstrap_ci)
 
 
 def t_quantile(p: float, dof: int) -> float:
