@@ -7,8 +7,8 @@ a Student-t by hand or the bootstrap of known per-prompt values.
 Methods (experiment ``llm-results``, model ``tiny`` on ``aclsum``, 12 updates, evaluations at 4,
 8 and 12): HAEPO and GRPO with seeds 0, 1, 2; HAEPO with ``length_normalize=True`` with seed 0
 alone (one seed: no interval). The training samples' metrics, under the bare names, are
-TRAINING_SHIFT higher: the report must never show them. The reward and semantic similarity have
-per-prompt values in the generations (bootstrap over seeds and prompts, from those values), and
+TRAINING_SHIFT higher: the report must never show them. The reward, semantic similarity and
+ROUGE-2 have per-prompt values in the generations (bootstrap over seeds and prompts, from those values), and
 so has GRPO's exact KL; ROUGE-L and the other methods' KL have none there (the Student-t over
 seeds of the MLflow values, marked).
 """
@@ -48,7 +48,8 @@ METHODS = {
              {names.LLM_REWARD: 0.3, names.LLM_ROUGE_L: 0.1, names.LLM_SEMANTIC_SIMILARITY: 0.4, names.LLM_KL: 0.05}),
 }
 # The reward of each method's greedy completion of prompts p0..p3 at its last evaluation, per
-# seed; its semantic similarity is 1 - reward (so that judge reverses every win); the
+# seed; its semantic similarity is 1 - reward (so that judge reverses every win), its ROUGE-2
+# reward / 2 (in the generations alone: no Student-t to fall back on); the
 # evaluation before scores 1 - these (the report must take the last one).
 PROMPTS = ("p0", "p1", "p2", "p3")
 FINAL_REWARD = {
@@ -88,7 +89,7 @@ def _generations(method: str, seed: int, algorithm: str) -> str:
     lines = []
     for update, rewards in ((8, {p: 1 - r for p, r in final.items()}), (12, final)):
         lines += [json.dumps({"update": update, "prompt_id": p, "source": f"post {p}", "reference": "gold",
-                              "completion": "summary", "reward": r, "semantic_similarity": 1 - r,
+                              "completion": "summary", "reward": r, "semantic_similarity": 1 - r, "rouge_2": r / 2,
                               **({"kl_exact": _prompt_kl(seed, p)} if method == "GRPO" else {}),
                               "algorithm": algorithm, "model": "tiny", "seed": seed}) for p, r in rewards.items()]
     return "\n".join(lines) + "\n"
@@ -148,6 +149,7 @@ def _expected(method: str) -> dict[str, tuple[float, float, float] | float]:
     out["KL exact final"] = base[names.LLM_KL] + seed_mean + SHAPE[12]
     if len(seeds) == 1:
         out |= {"reward final": sum(FINAL_REWARD[(method, 0)]) / 4, "reward AUC": 0.5,
+                "ROUGE-2 final": sum(FINAL_REWARD[(method, 0)]) / 8,
                 "semantic similarity final": 1 - sum(FINAL_REWARD[(method, 0)]) / 4, "semantic similarity AUC": 0.5,
                 f"n_eff last {TAIL_STEPS} updates": 2.0}
         return out
@@ -159,6 +161,8 @@ def _expected(method: str) -> dict[str, tuple[float, float, float] | float]:
         assert got.mean == pytest.approx(sum(map(sum, rows)) / 12)  # the mean of seed means, by hand
         out[f"{column} final"] = (got.mean, got.low, got.high)
         out[f"{column} AUC"] = (0.5, 0.5, 0.5)
+    halves = bootstrap_ci([[r / 2 for r in row] for row in _prompt_rows(method)], bounds=(0.0, 1.0))
+    out["ROUGE-2 final"] = (halves.mean, halves.low, halves.high)  # per prompt reward / 2: the bootstrap
     if method == "GRPO":  # per-prompt exact KLs: the bootstrap, cut at 0; mean 0.1 x (1 + 1.5) = 0.25
         kl = bootstrap_ci([[_prompt_kl(s, p) for p in PROMPTS] for s in seeds], bounds=(0.0, math.inf))
         assert kl.mean == pytest.approx(0.25) and kl.low >= 0
@@ -209,14 +213,16 @@ def _win_rows(ours: str, theirs: str, judge: str = "reward") -> list:
 
 def test_win_rates_per_prompt_and_seed_by_each_judge(report):
     """HAEPO against GRPO by the reward, per seed: (1 + 0.5 + 0 + 1) / 4, 1, 0 (ties half), so
-    13/24; by semantic similarity (1 - reward) every win reversed. The intervals: the bootstrap
+    13/24, and the same by ROUGE-2 (reward / 2); by semantic similarity (1 - reward) every win reversed. The intervals: the bootstrap
     over those seeds and prompts, cut to [0, 1] (the seed-t one was [-0.7133, 1.797])."""
     rates = pd.read_csv(report.out / "win_rates.csv")
     got = {(r["judge"], r["method"], r["opponent"]): (r["win rate mean"], r["win rate CI low"], r["win rate CI high"],
                                                       r["win rate n"]) for r in rates.to_dict("records")}
     for judge, ours, theirs, mean in (("reward", "HAEPO", "GRPO", 13 / 24), ("reward", "GRPO", "HAEPO", 11 / 24),
-                                      ("semantic similarity", "HAEPO", "GRPO", 11 / 24)):
-        expected = bootstrap_ci(_win_rows(ours, theirs, "reward" if judge == "reward" else "sim"), bounds=(0, 1))
+                                      ("semantic similarity", "HAEPO", "GRPO", 11 / 24),
+                                      ("ROUGE-2", "HAEPO", "GRPO", 13 / 24)):  # reward / 2: the reward's wins
+        expected = bootstrap_ci(_win_rows(ours, theirs, "sim" if judge == "semantic similarity" else "reward"),
+                                bounds=(0, 1))
         assert got[(judge, ours, theirs)] == pytest.approx((mean, expected.low, expected.high, 3), abs=1e-6)
         assert 0 <= expected.low < mean < expected.high <= 1
     # One common seed (0): 1, 1, 0, 0.5 against HAEPO; 1, 1, 0, 1 against GRPO; no interval.
@@ -224,7 +230,7 @@ def test_win_rates_per_prompt_and_seed_by_each_judge(report):
     assert got[("reward", ln, "HAEPO")][::3] == pytest.approx((0.625, 1))
     assert got[("reward", ln, "GRPO")][::3] == pytest.approx((0.75, 1))
     assert math.isnan(got[("reward", ln, "GRPO")][1])
-    assert len(got) == 2 * 6  # two judges, every ordered pair of the three methods, none against itself
+    assert len(got) == 3 * 6  # three judges (no per-prompt ROUGE-L), every ordered pair of the methods
 
     matrices = {title: t for title, t in report.extras if title.startswith("Win rate")}
     (by_reward,) = (t for title, t in matrices.items() if "judged by the reward" in title)
@@ -233,7 +239,7 @@ def test_win_rates_per_prompt_and_seed_by_each_judge(report):
     assert cell == f"0.5417 [{expected.low:.4g}, {expected.high:.4g}]"
     assert by_reward.set_index("method").loc[ln, "GRPO"] == "0.75 (n=1, no interval)"
     assert by_reward.set_index("method").loc["HAEPO", "HAEPO"] == ""
-    assert len(matrices) == 2 and all("tiny on aclsum" in title for title in matrices)
+    assert len(matrices) == 3 and all("tiny on aclsum" in title for title in matrices)
 
 
 def test_haepo_report_prints_the_methods_and_win_rates(store, tmp_path, capsys):

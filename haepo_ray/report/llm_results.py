@@ -39,7 +39,8 @@ from haepo_ray import names
 from haepo_ray.report.aggregate import Group
 from haepo_ray.report.generations import JUDGES, auc_key
 from haepo_ray.report.kinds import (
-    AUC, EXACT_KL, GREEDY_REWARD, GREEDY_ROUGE_L, GREEDY_SEMANTIC_SIMILARITY, LAST, LLM, TAIL, TAIL_STEPS)
+    AUC, EXACT_KL, GREEDY_REWARD, GREEDY_ROUGE_2, GREEDY_ROUGE_L, GREEDY_SEMANTIC_SIMILARITY, LAST, LLM, TAIL,
+    TAIL_STEPS)
 from haepo_ray.report.runs import method_name
 from haepo_ray.report.stats import CONFIDENCE, T, Interval, bootstrap_ci, mean_ci, wins
 
@@ -48,6 +49,7 @@ UNBOUNDED = (-math.inf, math.inf)
 # The held-out metrics (MLflow keys) with a value per prompt in generations.jsonl: their record
 # key there and their range.
 PER_PROMPT = {GREEDY_REWARD: ("reward", UNBOUNDED), GREEDY_ROUGE_L: (names.LLM_ROUGE_L, (0.0, 1.0)),
+              GREEDY_ROUGE_2: (names.LLM_ROUGE_2, (0.0, 1.0)),
               GREEDY_SEMANTIC_SIMILARITY: (names.LLM_SEMANTIC_SIMILARITY, (-1.0, 1.0)),
               EXACT_KL: (names.LLM_EXACT_KL, (0.0, math.inf))}
 METHODS_TITLE = (
@@ -56,7 +58,7 @@ METHODS_TITLE = (
     "quantity's range; one seed has no interval; marked (seed t): Student-t over seed means, where a trial has "
     "no per-prompt values). final: the last evaluation; AUC: the area under the evaluation "
     "curve by the trapezoid rule over the evaluated updates, divided by the span from the first to the last "
-    "of them (the curve's mean height; empty with one evaluation). Reward, ROUGE-L and semantic similarity "
+    "of them (the curve's mean height; empty with one evaluation). Reward, ROUGE-L, ROUGE-2 and semantic similarity "
     "of the greedy completions; KL: the exact KL to the reference (summed over the vocabulary at each position) "
     "of the policy's own samples (temperature 1, EOS allowed), per prompt the mean over its samples; n_eff: "
     "HAEPO's effective number of trajectories per prompt group, 1 / sum w^2, of its training updates, the "
