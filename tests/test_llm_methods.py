@@ -105,3 +105,20 @@ def test_a_bad_method_is_a_spec_error_naming_it(algorithms, changes, message):
     with pytest.raises(SpecError) as err:
         parse_plan(spec_with(algorithms, **changes), "m.yaml")
     assert message in str(err.value)
+
+
+def test_tunes_trials_resolve_the_methods_settings_from_their_config_without_a_deprecation(caplog):
+    """A Tune trial resolves each ``sample_from`` with its config itself (not wrapped in a spec,
+    as :func:`resolved_configs`' variant generator does); Ray 2.60 warns of a function that
+    needs the wrapping, and will drop it."""
+    from ray.tune.search.sample import Function
+
+    plan = parse_plan(spec_with(["HAEPO", VARIANT]), "m.yaml")
+    functions = {k: v for k, v in plan.param_space.items() if isinstance(v, Function)}
+    assert sorted(functions) == ["algo", "length_normalize"]
+    with caplog.at_level("WARNING", logger="ray.tune.search.sample"):
+        for config in resolved_configs(plan):
+            trial = {k: v for k, v in config.items() if k not in functions}
+            assert {k: f.sample(config=trial) for k, f in functions.items()} == {
+                k: config[k] for k in functions}
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]

@@ -171,8 +171,8 @@ class LLMPlan(Plan):
             space[METHOD] = dim.model_copy(update={"values": listed}).to_tune()
             for key in sorted({k for m in listed for k in m}):
                 default = self.base_config[key]
-                space[key] = tune.sample_from(  # Tune passes the experiment spec, {"config": ...}
-                    lambda spec, key=key, default=default: spec["config"][METHOD].get(key, default))
+                space[key] = tune.sample_from(
+                    lambda given, key=key, default=default: _trial_config(given)[METHOD].get(key, default))
         return space
 
     def base_space(self) -> dict[str, Any]:
@@ -202,7 +202,7 @@ class LLMPlan(Plan):
             return value_of_key(next(iter(self.fit.estimates)))
         from ray import tune
 
-        return tune.sample_from(lambda spec: value_of_key(config_memory_key(spec["config"])))
+        return tune.sample_from(lambda given: value_of_key(config_memory_key(_trial_config(given))))
 
     def fitted(self, cluster: Cluster) -> LLMPlan:
         """This plan held to ``cluster``'s GPUs (:mod:`haepo_ray.sweep.kinds.llm.fit`): with
@@ -370,4 +370,12 @@ def _worker_resources(spec: LLMSweepSpec) -> dict[str, float | str]:
     return resources
 
 
+def _trial_config(given: dict) -> dict:
+    """The trial config a ``sample_from`` function of the plan is given: Tune's trials resolve
+    the functions with the config itself (Ray 2.60 warns of a function that needs it wrapped),
+    its variant generator (:mod:`haepo_ray.sweep.planned`) with the spec ``{"config": ...}``."""
+    return given["config"] if "config" in given else given
+
+
 PLAN = LLMPlan
+
