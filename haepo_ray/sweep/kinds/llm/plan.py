@@ -378,4 +378,3 @@ def _trial_config(given: dict) -> dict:
 
 
 PLAN = LLMPlan
-
