@@ -13,7 +13,9 @@ Tune does not count them (language-model sweeps run one trial at a time unless t
 loop itself, as RLlib's ``num_learners=0`` does: a one-worker ``TorchTrainer`` starts about
 seven actor processes (controller, workers, queue, synchronisation, ...), 20-30 s per trial on
 2 CPU cores, more than a small model's few updates; a finished trial's process is reused by the
-next (``reuse_actors``), imports and all. Tune then keeps the checkpoints.
+next (``reuse_actors``), imports and all. Tune then keeps the checkpoints. The trial gives its
+memory back when it ends (:func:`release_memory`): glibc keeps what a trial freed, and a
+reused process grew by about 1.1 GB per SmolLM2 trial until Ray's memory monitor killed it.
 
 *Workers.* :func:`worker_loop` runs :class:`~haepo_ray.llm.train.LLMRun` on each worker with
 the process group Ray Train set up (gloo on CPU, NCCL on GPU): whole prompt groups per worker,
@@ -41,6 +43,7 @@ update (``names.LLM_UPDATE``) does not, so it is the step of everything downstre
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import tempfile
 from types import ModuleType
@@ -64,7 +67,10 @@ def llm_trial(config: dict[str, Any]) -> None:
     storage = tune.get_context().get_storage()
     starts = sft_starts(storage)
     if workers["num_workers"] == 0:
-        worker_loop(config, session=tune, starts=starts)
+        try:
+            worker_loop(config, session=tune, starts=starts)
+        finally:
+            release_memory()
         return
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -84,6 +90,23 @@ def llm_trial(config: dict[str, Any]) -> None:
         ),
     )
     trainer.fit()
+
+
+def release_memory() -> None:
+    """Return a finished trial's memory to the OS: collect its garbage, then ask glibc to give
+    back every free page of its heaps (``malloc_trim(0)``; without glibc, only the collection).
+
+    glibc keeps freed memory for the process's next allocations, and of a model's weights,
+    optimiser state and activations, freed in pieces of many sizes, little is reused by the
+    next trial's: a reused trial process's resident memory grew trial after trial
+    (BENCHMARKS.md, "A reused trial process").
+    """
+    import ctypes
+
+    gc.collect()
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def sft_starts(storage: Any) -> str | None:
