@@ -45,6 +45,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from revisions import revision, this_commit  # noqa: E402
+
 EXPERIMENT = "report-scale"
 OUTPUTS = ("results.csv", "results.md", "provenance.csv", "unfinished.csv")
 ARM_MEANS = [0.956, 0.2077, 0.8284, 0.1493, 0.5128, 0.1359, 0.689, 0.8417, 0.4255, 0.9569]
@@ -231,11 +234,6 @@ def measure(codes: list[Path], uri: str, work: Path, repeats: int, server_pid: i
     return rows
 
 
-def git(*args: str) -> str:
-    """A git command in this checkout; its output."""
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True).stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10_000, help="child runs of the sweep (default 10000)")
@@ -260,19 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         uri = build_store(db, args.runs, args.lean)
         print(f"built {args.runs} runs in {time.monotonic() - started:.0f} s ({load()})", flush=True)
     codes = [c.resolve() for c in args.code]
-    commits = {str(REPO): git("rev-parse", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain",
-                                                                                           "haepo_ray") else "")}
-    base = None
-    if args.base:
-        base = Path(tempfile.mkdtemp(prefix="report-base-"))
-        commits[str(base)] = git("rev-parse", f"{args.base}^{{commit}}")
-        git("worktree", "add", "--detach", str(base), commits[str(base)])
-        codes.insert(0, base)
-    try:
+    commits = {str(REPO): this_commit()}
+    if not args.base:
         return run(args, uri, root, codes, commits)
-    finally:
-        if base is not None:
-            git("worktree", "remove", "--force", str(base))
+    with revision(args.base) as (base, commit):
+        commits[str(base)] = commit
+        return run(args, uri, root, [base, *codes], commits)
 
 
 def run(args: argparse.Namespace, uri: str, root: Path, codes: list[Path], commits: dict[str, str]) -> int:
