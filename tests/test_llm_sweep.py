@@ -9,7 +9,8 @@ trials of Ray Train ``TorchTrainer`` workers.
   and in its own process (slow tier), and a sweep whose driver is killed and resumed, end with
   the weights of one process trained uninterrupted, each update in MLflow once, its checkpoint
   and generations logged;
-- spec errors name the key.
+- spec errors name the key;
+- a finished trial gives the memory it freed back to the OS (its process is reused).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import csv
 import io
 import json
 import os
+import platform
 import signal
 import threading
 import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 import torch
 import yaml
@@ -36,6 +39,7 @@ from haepo_ray.report.generations import JUDGES
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.kinds.llm.fit import config_memory_key
 from haepo_ray.sweep.kinds import load_plan, parse_plan
+from haepo_ray.sweep.kinds.llm.trainable import release_memory
 from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking import find_sweep_runs
@@ -390,3 +394,20 @@ def test_gpu_trials_fail_at_start_on_a_local_ray_without_gpus(ray_session, tmp_p
                                         r"has none: its trials would wait for ever"):
         run_sweep(plan, track=False, storage_path=str(tmp_path), out=io.StringIO(), verbose=0)
     assert not list(tmp_path.iterdir())  # nothing started
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_finished_trial_gives_the_heap_it_freed_back_to_the_os():
+    """What a trial frees stays in glibc's heap, resident, until :func:`release_memory`."""
+    mib = 2**20
+    process = psutil.Process()
+    pieces = [bytearray(64 * 1024) for _ in range(4096)]  # 256 MiB in pieces glibc serves from its heap
+    pin = bytearray(64 * 1024)  # allocated after them: the heap's top cannot shrink past it
+    held = process.memory_info().rss
+    del pieces
+    freed = process.memory_info().rss
+    release_memory()
+    released = process.memory_info().rss
+    assert held - freed < 32 * mib, "freeing alone returned the memory: this test shows nothing here"
+    assert freed - released > 224 * mib, f"release_memory gave back {(freed - released) / mib:.0f} MiB of 256"
+    del pin
