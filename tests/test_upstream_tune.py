@@ -2,7 +2,8 @@
 trial of an actor that is already starting, whose start would be thrown away), every trial
 still runs once, and a finished trial's running statistics are let go. The experiment's folder
 gets each file whole or not at all, and a resume refuses a cut-short experiment state. Tune's
-staged state is replaced whole, and a copy that left it behind is reported as not synced."""
+staged state is replaced whole, and a copy that left it behind is reported as not synced. A
+trial whose process Ray's memory monitor kills is retried, and the sweep goes on."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from ray.tune.execution.tune_controller import TuneController
 
@@ -230,3 +234,54 @@ def test_the_staged_state_is_replaced_whole_and_a_checkpoint_deleted_whole(ray_s
     (trial_dir,) = {p.parent for p in (tmp_path / "whole").glob("*/checkpoint_*")}
     assert sorted(p.name for p in trial_dir.iterdir() if "checkpoint" in p.name) == ["checkpoint_000005"]
     assert result[0].checkpoint.path == str(trial_dir / "checkpoint_000005")
+
+
+# A Tune run of two trials, "greedy" (which holds more and more memory on its first attempt)
+# and "calm", with the sweep's patches installed (haepo_ray.upstream.tune.apply, as run_sweep
+# does) and a Ray whose memory monitor kills at the threshold the test sets.
+KILLED_FOR_MEMORY = """
+import json, os, sys, time
+import ray
+from ray import tune
+from haepo_ray.upstream import tune as tune_private
+
+tune_private.apply()
+folder, most = sys.argv[1], int(sys.argv[2])
+ray.init(num_cpus=2, include_dashboard=False)
+
+def trial(config):
+    first = os.path.join(folder, config["name"] + ".first")
+    if config["name"] == "greedy" and not os.path.exists(first):
+        open(first, "w").close()
+        held = []
+        while len(held) * 256 < most:
+            held.append(bytearray(256 * 2**20))  # written: resident
+            time.sleep(0.2)
+        raise RuntimeError(f"the memory monitor let this trial hold {most} MiB")
+    tune.report({"done": 1})
+
+tuner = tune.Tuner(trial, param_space={"name": tune.grid_search(["greedy", "calm"])},
+                   run_config=tune.RunConfig(storage_path=os.path.join(folder, "ray"),
+                                             failure_config=tune.FailureConfig(max_failures=3)))
+print(json.dumps({r.config["name"]: [r.error is None, r.metrics.get("done")] for r in tuner.fit()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_killed_for_memory_is_retried_and_the_sweep_goes_on(tmp_path):
+    """Unpatched, Tune 2.60 ends the run with ``RuntimeError: Caught unexpected exception`` when
+    the monitor kills a trial's process; patched, the trial fails, is retried and finishes, and
+    so does the other. The monitor's threshold is set 1.5 GiB above what the machine uses now
+    (3 retries: other tests' processes may use some of it); the greedy trial stops at 3 GiB
+    more, and says so, if nothing killed it."""
+    memory = psutil.virtual_memory()
+    headroom = 1.5 * 2**30
+    env = {**os.environ, "RAY_memory_usage_threshold": f"{(memory.total - memory.available + headroom) / memory.total:.4f}",
+           "RAY_memory_monitor_refresh_ms": "100"}
+    script = tmp_path / "killed_for_memory.py"
+    script.write_text(KILLED_FOR_MEMORY)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(int((headroom + 1.5 * 2**30) / 2**20))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"greedy": [True, 1], "calm": [True, 1]}
+    assert "OutOfMemoryError" in done.stderr or "running low on memory" in done.stderr, done.stderr[-3000:]

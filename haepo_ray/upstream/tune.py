@@ -32,6 +32,15 @@ exists, or starts from scratch if none does (its MLflow run drops the steps it r
 :mod:`haepo_ray.tracking.logged`). A checkpoint folder on local storage is renamed to a hidden
 name before it is deleted, so a kill mid-deletion leaves none cut short under its own name.
 
+*A trial process the memory monitor killed fails its trial, not the sweep*
+(:func:`_fail_trials_killed_for_memory`; required). When a node runs low on memory, Ray's memory
+monitor kills a worker process, and the task running in it raises ``OutOfMemoryError``, which is
+neither a ``RayActorError`` nor a ``RayTaskError``: ``RayActorManager._actor_task_failed`` raised
+``RuntimeError: Caught unexpected exception`` for it, and ``tuner.fit()`` ended the whole sweep
+(an 18-trial language-model sweep, after 14 trials: REPRODUCTION.md). Patched, it is what it
+is, the death of the trial's actor: the trial fails with the monitor's message, and Tune retries
+it as ``max_failures`` says while the other trials go on.
+
 *A resume does not read every trial's results first* (:func:`restoring_without_analysis`;
 optional: speed and memory).
 ``Tuner.restore`` builds an ``ExperimentAnalysis`` for ``Tuner.get_results`` before a fit: it
@@ -164,6 +173,24 @@ def _fail_restores_loudly() -> None:
 
     resume.fails_loudly = True
     TuneController.resume = resume
+
+
+def _fail_trials_killed_for_memory() -> None:
+    from ray.air.execution._internal.actor_manager import RayActorManager
+    from ray.exceptions import OutOfMemoryError, RayActorError
+
+    original = RayActorManager._actor_task_failed
+    if getattr(original, "fails_trials_killed_for_memory", False):
+        return
+
+    @functools.wraps(original)
+    def actor_task_failed(self, tracked_actor_task, exception: Exception) -> None:
+        if isinstance(exception, OutOfMemoryError):  # the monitor killed the actor's process
+            exception = RayActorError(error_msg=str(exception))
+        original(self, tracked_actor_task, exception)
+
+    actor_task_failed.fails_trials_killed_for_memory = True
+    RayActorManager._actor_task_failed = actor_task_failed
 
 
 def _restore_from_checkpoints_that_exist() -> None:
@@ -330,6 +357,8 @@ INTERNALS = (
     Internal(_CONTROLLER, "experiment_state_file_name", "patched: a temporary name while it is written"),
     Internal(_CONTROLLER, "CKPT_FILE_TMPL", "read: which staged file is the experiment state"),
     Internal(_CONTROLLER, "_actor_manager", "read: the actors that are live", kind="instance"),
+    Internal("ray.air.execution._internal.actor_manager:RayActorManager", "_actor_task_failed",
+             "patched: a process killed for memory fails its trial", ("self", "tracked_actor_task", "exception")),
     Internal("ray.air.execution._internal.actor_manager:RayActorManager", "_live_actors_to_ray_actors_resources",
              "read: the actors that are live", kind="instance"),
     Internal(_CONTROLLER, "_started_actors", "read: the actors whose constructor returned", kind="instance"),
@@ -389,9 +418,11 @@ RESTORES_FAIL_LOUDLY = _patch("fail restores loudly", None, _fail_restores_loudl
 CHECKPOINTS_THAT_EXIST = _patch("restore from a checkpoint that exists", None, _restore_from_checkpoints_that_exist,
                                 "TuneController._schedule_trial_restore", "_CheckpointManager._checkpoint_results",
                                 "_CheckpointManager._latest_checkpoint_result")
+KILLED_FOR_MEMORY = _patch("fail a trial whose process was killed for memory", None, _fail_trials_killed_for_memory,
+                           "RayActorManager._actor_task_failed")
 ANALYSIS_LEFT_OUT = _patch("restore without the analysis", "analysis", lambda: None,
                            "tuner_internal.ExperimentAnalysis")
 FINISHED_TRIALS_RELEASED = _patch("release finished trials", "release", lambda: None, "Trial.run_metadata",
                                   "_TrainingRunMetadata.metric_n_steps")
-PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, CHECKPOINTS_THAT_EXIST, ANALYSIS_LEFT_OUT,
-           FINISHED_TRIALS_RELEASED)
+PATCHES = (ACTORS_KEPT, FILES_COPIED_WHOLE, RESTORES_FAIL_LOUDLY, CHECKPOINTS_THAT_EXIST, KILLED_FOR_MEMORY,
+           ANALYSIS_LEFT_OUT, FINISHED_TRIALS_RELEASED)
