@@ -94,7 +94,9 @@ def llm_trial(config: dict[str, Any]) -> None:
 
 def release_memory() -> None:
     """Return a finished trial's memory to the OS: collect its garbage, then ask glibc to give
-    back every free page of its heaps (``malloc_trim(0)``; without glibc, only the collection).
+    back every free page of its heaps (``malloc_trim(0)``; without glibc, only the collection),
+    and PyTorch's CUDA caching allocator its cached blocks, which would hold GPU memory beyond
+    the share the next trial's estimate asked for (``gpus_per_worker: auto``).
 
     glibc keeps freed memory for the process's next allocations, and of a model's weights,
     optimiser state and activations, freed in pieces of many sizes, little is reused by the
@@ -103,10 +105,14 @@ def release_memory() -> None:
     """
     import ctypes
 
+    import torch
+
     gc.collect()
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def sft_starts(storage: Any) -> str | None:
