@@ -4,7 +4,9 @@
 - a trial whose newest checkpoint was deleted restarts from its newest one that exists, or from
   scratch, and MLflow holds each (run, metric, step) once;
 - ``keep_checkpoints: 1`` and the driver SIGKILLed while the state on storage names a checkpoint
-  Tune had deleted (ray-project/ray#27790): the resume finishes every trial, each row once.
+  Tune had deleted (ray-project/ray#27790): the resume finishes every trial, each row once;
+- a sweep started while its MLflow server is down runs untracked and says so; resumed once the
+  server answers, it logs every step once.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from drivers import kill_driver_when, killed_sweep, logged_rows, metric_rows, resume_driver
-from helpers import sqlite_store
+from helpers import MLflowServer, sqlite_store
 from mlflow.tracking import MlflowClient
 from test_sweep_e2e import _flaky_env
 
@@ -145,3 +147,32 @@ def test_keep_one_checkpoint_killed_while_the_state_names_a_deleted_one(ray_sess
     trials = json.loads((run_dir / "haepo_summary.json").read_text())["trials"]
     assert [(t["status"], t["iterations"]) for t in trials] == [("TERMINATED", 30)]
     check_each_step_once(uri, "keep1", 30)
+
+
+# Slow tier: an mlflow server started twice (20-40 s each on 2 cores).
+@pytest.mark.slow
+def test_a_sweep_started_while_mlflow_is_down_is_logged_by_its_resume(ray_session, tmp_path, monkeypatch):
+    """Nothing can be logged while the server is down: the sweep trains, and its summary says
+    how to log it; ``--resume`` once the server answers creates the parent and the trial's run
+    from the trial's folder, every step once."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"HAEPO_MLFLOW_RETRIES": "1", "HAEPO_MLFLOW_BACKOFF_S": "0.1"}.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "server").mkdir()
+    server = MLflowServer(tmp_path / "server")
+    server.stop()
+    plan = parse_plan(tiny("down", 3), "down.yaml")
+    results = str(tmp_path / "results")
+    out = io.StringIO()
+    try:
+        first = run_sweep(plan, tracking_uri=server.uri, storage_path=results, out=out)
+        assert first.parent_run_id is None and [(t.status, t.iterations) for t in first.trials] == [("TERMINATED", 3)]
+        assert f"MLflow at {server.uri} was not reached: nothing was logged. Once it answers, run this sweep " \
+               "again with --resume" in out.getvalue()
+        server.start()
+        resumed = run_sweep(plan, tracking_uri=server.uri, storage_path=results, out=io.StringIO(), verbose=0,
+                            resume=True)
+        assert resumed.parent_run_id is not None and resumed.run_dir == first.run_dir
+        check_each_step_once(server.uri, "down", 3)
+    finally:
+        server.kill()

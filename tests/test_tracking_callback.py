@@ -60,7 +60,7 @@ def test_unreachable_tracking_server_warns_and_does_not_raise(tmp_path, caplog):
         assert cb.start() is None
         cb.close()
     assert cb.not_logged and cb.not_logged[0].what == "experiment"
-    assert "runs without tracking" in caplog.text
+    assert "runs without tracking" in caplog.text and "once it answers, `haepo sweep --resume` logs" in caplog.text
     assert (tmp_path / "mlflow_not_logged.jsonl").exists()
 
 

@@ -115,6 +115,9 @@ def format_summary(result: SweepResult, top: int = 10) -> str:
     if result.parent_run_id:
         lines.append(f"MLflow: {result.tracking_uri}  experiment {result.experiment!r}  "
                      f"parent run {result.parent_run_id}")
+    elif result.tracking_uri:
+        lines.append(f"MLflow at {result.tracking_uri} was not reached: nothing was logged. Once it answers, "
+                     f"run this sweep again with --resume: every trial's results reach it, each step once.")
     ranked = result.ranked()[:top]
     value_names = sorted({k for t in ranked for k in t.values})
     rows = [[i + 1, t.trial_id, t.status, t.iterations, t.value if t.value is not None else "-"]

@@ -215,8 +215,9 @@ class MLflowSweepCallback(Callback):
         if ok and parent is None:
             parent = self._create_parent(experiment_id)
         if parent is None:
-            logger.warning("MLflow at %s cannot be reached: this sweep runs without tracking "
-                           "(nothing will be logged to MLflow)", s.tracking_uri)
+            logger.warning("MLflow at %s cannot be reached: this sweep runs without tracking (nothing "
+                           "will be logged to MLflow); once it answers, `haepo sweep --resume` logs every "
+                           "trial's results", s.tracking_uri)
             calls.write_not_logged()
             return None
         self.experiment_id, self.parent_run_id = experiment_id, parent
