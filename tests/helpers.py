@@ -106,6 +106,34 @@ def llm_trial_run(client, experiment_id: str, parent: str, root: Path, *, algori
     return run_id
 
 
+def run_tree(args: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)``, except
+    that a timeout kills every process under the child too (a sweep's driver in its own session,
+    Ray, an ``mlflow server``), not the child alone, before it raises ``TimeoutExpired``: a test
+    that runs out of time leaves nothing running beside the tests after it."""
+    import psutil
+
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.Error:
+                tree = []
+            for p in tree:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # a process outside the tree holds the pipes
+                out = err = None
+            raise subprocess.TimeoutExpired(args, timeout, out, err) from None
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (now)."""
     with socket.socket() as s:

@@ -10,11 +10,11 @@ BENCHMARKS.md."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--sweep", "llm", "--seed", "1", "--events", "4"], 4),
 ], ids=["rl", "llm"])
 def test_the_short_chaos_loses_nothing(args, events, tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    proc = run_tree([sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--out", str(tmp_path)],
+                    timeout=1200, cwd=ROOT)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["events_done"] == events and report["kinds"] == ["driver", "server", "trial"], report

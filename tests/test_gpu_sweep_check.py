@@ -4,19 +4,19 @@ one GPU (the GPU run's table is in BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_the_gpu_sweep_check_passes_on_the_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_sweep_check.py"), str(tmp_path), "--device", "cpu"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = run_tree([sys.executable, str(ROOT / "bench" / "gpu_sweep_check.py"), str(tmp_path), "--device", "cpu"],
+                    timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "gpu_sweep_check.json").read_text())["rows"]
     assert list(rows) == ["rl_learners", "rl_iteration_time", "loss_cuda_vs_cpu", "lm_refused", "lm_packed",

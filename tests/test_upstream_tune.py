@@ -12,12 +12,12 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
+from helpers import run_tree
 from ray.tune.execution.tune_controller import TuneController
 
 from haepo_ray.upstream import tune as tune_private
@@ -280,8 +280,9 @@ def test_a_trial_killed_for_memory_is_retried_and_the_sweep_goes_on(tmp_path):
            "RAY_memory_monitor_refresh_ms": "100"}
     script = tmp_path / "killed_for_memory.py"
     script.write_text(KILLED_FOR_MEMORY)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(int((headroom + 1.5 * 2**30) / 2**20))],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = run_tree([sys.executable, str(script), str(tmp_path), str(int((headroom + 1.5 * 2**30) / 2**20))],
+                    env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"greedy": [True, 1], "calm": [True, 1]}
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"greedy": [True, 1], "calm": [True, 1]}, \
+        done.stderr[-3000:]
     assert "OutOfMemoryError" in done.stderr or "running low on memory" in done.stderr, done.stderr[-3000:]
