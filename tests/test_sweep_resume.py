@@ -25,7 +25,7 @@ from test_sweep_e2e import _flaky_env
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import SweepError, run_sweep
 from haepo_ray.tracking import find_sweep_runs
-from haepo_ray.upstream import tune as tune_internals
+from haepo_ray.upstream import tune_restore
 
 LOGGED = ["time_total_s", "training_iteration"]
 
@@ -132,7 +132,7 @@ def test_keep_one_checkpoint_killed_while_the_state_names_a_deleted_one(ray_sess
 
     def names_a_deleted_checkpoint() -> bool:
         for run_dir in results.glob("keep1/*"):
-            found = tune_internals.newest_state(str(run_dir))
+            found = tune_restore.newest_state(str(run_dir))
             if found and any(t.checkpoint and not Path(t.checkpoint).exists() for t in found[1]):
                 return True
         return False

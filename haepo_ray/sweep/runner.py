@@ -23,6 +23,7 @@ from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray import upstream
 from haepo_ray.upstream import tune as tune_internals
+from haepo_ray.upstream import tune_restore
 from haepo_ray.uris import is_uri
 
 RUN_INFO_FILE = "haepo_sweep.json"
@@ -156,7 +157,7 @@ def refuse_a_foreign_state(run_dir: str, name: str) -> None:
     ``name``) would restore holds trials of another experiment folder: Tune would move their
     checkpoints' paths into ``run_dir``, where they are not, and fail or restart each trial.
     A folder moved whole keeps its name, and Tune follows it."""
-    found = tune_internals.newest_state(run_dir)
+    found = tune_restore.newest_state(run_dir)
     if found is None:
         return
     state, trials = found
@@ -193,7 +194,7 @@ def _fit(tuner):
     os.environ.update(settings)
     try:
         return tuner.fit()
-    except tune_internals.RestoreFailed as failed:
+    except tune_restore.RestoreFailed as failed:
         path, state, error = failed.args
         raise SweepError(
             f"cannot resume {path}: Ray Tune could not restore it from {state} "

@@ -5,6 +5,8 @@ patches lives in this package, a module per library, each name with its reason:
 - :mod:`~haepo_ray.upstream.tune`: Ray Tune (and the Ray Train storage under it);
 - :mod:`~haepo_ray.upstream.tune_storage`: Tune's copy of the experiment folder, patched (its
   names declared in ``tune``);
+- :mod:`~haepo_ray.upstream.tune_restore`: a resume of a Tune run, patched, and the experiment
+  state it restores (its names declared in ``tune``);
 - :mod:`~haepo_ray.upstream.rllib`: RLlib;
 - :mod:`~haepo_ray.upstream.mlflow`: MLflow;
 - :mod:`~haepo_ray.upstream.torch`: PyTorch (fake tensors, dispatch modes, attention kernels);
