@@ -1,19 +1,21 @@
-"""The resident memory of a reused language-model trial process, trial after trial: one real
-``haepo sweep`` (embedded Ray, MLflow on SQLite) of SmolLM2-135M trials that each train in
-their trial's own process (``num_workers: 0``), one at a time, every trial in the process the
-first one started (``reuse_actors``), for two checkouts in one run. Results: BENCHMARKS.md
-("A reused trial process").
+"""The resident memory of a reused trial process, trial after trial: one real ``haepo sweep``
+(embedded Ray, MLflow on SQLite) whose trials run one at a time, every trial in the process the
+first one started (``reuse_actors``), for two checkouts in one run: SmolLM2-135M trials that
+each train in their trial's own process (``num_workers: 0``), or (``--kind rl``) HAEPO trials
+on CartPole. Results: BENCHMARKS.md ("A reused trial process").
 
     python bench/reused_trial_rss.py --base ae854fc        # that revision (before) and this checkout
     python bench/reused_trial_rss.py --trials 2            # this checkout only, quickly
+    python bench/reused_trial_rss.py --kind rl --trials 100 --every 0.1 --base 4dd43b0
 
 The trial process (a ``ray::`` process under the sweep's, the one holding the most memory) is
 sampled every ``--every`` seconds with psutil; each trial's row comes from its MLflow run's start
 and end: the process's resident memory when the trial starts (what the trials before it left)
 and its peak while it runs. The
 trials are the spec of :func:`spec`: LoRA r 8, 16 SFT examples, 4 RL updates of 2 prompts x 4
-completions of up to 32 tokens, the three algorithms in turn, so every trial does the same work.
-JSON results go to ``--out`` (default .haepo/bench/reused_trial_rss.json).
+completions of up to 32 tokens, the three algorithms in turn, so every trial does the same work;
+or :func:`rl_spec`'s, 5 iterations of 8 episodes each, one seed per trial. JSON results go to
+``--out`` (default .haepo/bench/reused_trial_rss[_rl].json).
 """
 
 from __future__ import annotations
@@ -63,6 +65,28 @@ def spec(trials: int) -> dict:
     }
 
 
+def rl_spec(trials: int) -> dict:
+    """``trials`` equal HAEPO CartPole trials (seeds 0..trials-1), one at a time in one reused process."""
+    return {
+        "name": EXPERIMENT,
+        "description": "a reused RL trial process's memory, trial after trial",
+        "algorithm": "HAEPO", "env": "CartPole-v1",
+        "settings": {"num_env_runners": 0, "batch_size": 8, "beta_ent": 0.05, "beta_kl": 0.05},
+        "search_space": {"seed": {"grid": list(range(trials))}},
+        "metric": "env_runners/episode_return_mean", "mode": "max",
+        "stop": {"iterations": 5},
+        "resources": {"cpus": 1, "gpus": 0},
+        "max_concurrent_trials": 1,
+        "reuse_actors": True,
+        "max_failures": 0,
+        "checkpoint_frequency": 0,
+        "ray": {"num_cpus": 2},
+    }
+
+
+SPECS = {"llm": spec, "rl": rl_spec}
+
+
 def sample(root: int, samples: list[tuple[float, int, float]], stop: threading.Event, every: float) -> None:
     """Appends (time, pid, RSS in MB) of every ``ray::`` process under ``root`` until ``stop``."""
     parent = psutil.Process(root)
@@ -106,10 +130,10 @@ def trial_process(samples: list[tuple[float, int, float]]) -> tuple[int, list[tu
     return pid, [(t, rss) for t, p, rss in samples if p == pid]
 
 
-def measure(code: Path, trials: int, work: Path, every: float) -> dict:
-    """One sweep with ``code``'s ``haepo_ray``; its trials' rows."""
+def measure(code: Path, kind: str, trials: int, work: Path, every: float) -> dict:
+    """One sweep of ``kind`` with ``code``'s ``haepo_ray``; its trials' rows."""
     work.mkdir(parents=True)
-    (work / "spec.yaml").write_text(yaml.safe_dump(spec(trials), sort_keys=False))
+    (work / "spec.yaml").write_text(yaml.safe_dump(SPECS[kind](trials), sort_keys=False))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     env = {**os.environ, "PYTHONPATH": str(code)}
     samples: list[tuple[float, int, float]] = []
@@ -132,11 +156,16 @@ def measure(code: Path, trials: int, work: Path, every: float) -> dict:
 
 
 def table(results: list[dict], commits: dict[str, str]) -> str:
-    """Markdown: one row per trial, the start and peak RSS of each checkout side by side."""
+    """Markdown: a row per trial (past 12 trials: the 1st, 2nd, 10th, 25th, 50th, ... and the
+    last), the start and peak RSS of each checkout side by side."""
     names = [commits[r["code"]][:7] for r in results]
     head = "| trial | algorithm | " + " | ".join(f"{n}: at start / peak (MB)" for n in names) + " |"
     lines = [head, "|" + "---|" * (2 + len(results))]
+    count = len(results[0]["trials"])
+    shown = set(range(count)) if count <= 12 else {0, 1, 9, count - 1} | set(range(24, count, 25))
     for i, row in enumerate(results[0]["trials"]):
+        if i not in shown:
+            continue
         cells = [" / ".join(f"{r['trials'][i][key]:,}" if r["trials"][i][key] is not None else "-"
                             for key in ("start_rss_mb", "peak_rss_mb")) for r in results]
         lines.append(f"| {row['trial']} | {row['algorithm']} | " + " | ".join(cells) + " |")
@@ -145,26 +174,28 @@ def table(results: list[dict], commits: dict[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", choices=sorted(SPECS), default="llm", help="SmolLM2 trials, or HAEPO on CartPole")
     parser.add_argument("--trials", type=int, default=6, help="trials in the sweep (default 6)")
     parser.add_argument("--base", metavar="REV", help="measure this git revision's code first (a worktree of it)")
     parser.add_argument("--every", type=float, default=0.5, help="seconds between samples (default 0.5)")
-    parser.add_argument("--out", type=Path, default=REPO / ".haepo" / "bench" / "reused_trial_rss.json")
+    parser.add_argument("--out", type=Path, help="default .haepo/bench/reused_trial_rss.json (_rl.json: --kind rl)")
     args = parser.parse_args(argv)
+    out = args.out or REPO / ".haepo" / "bench" / f"reused_trial_rss{'_rl' if args.kind == 'rl' else ''}.json"
     commits = {str(REPO): this_commit()}
     with tempfile.TemporaryDirectory(prefix="reused-trial-rss-") as tmp:
         results = []
         if args.base:
             with revision(args.base) as (base, commit):
                 commits[str(base)] = commit
-                results.append(measure(base, args.trials, Path(tmp) / "base", args.every))
-        results.append(measure(REPO, args.trials, Path(tmp) / "this", args.every))
-    report = {"commits": commits, "machine": machine(),
+                results.append(measure(base, args.kind, args.trials, Path(tmp) / "base", args.every))
+        results.append(measure(REPO, args.kind, args.trials, Path(tmp) / "this", args.every))
+    report = {"kind": args.kind, "commits": commits, "machine": machine(),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load_after": os.getloadavg(),
               "results": results, "table": table(results, commits)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(report["table"])
-    print(f"results in {args.out}")
+    print(f"results in {out}")
     return 0
 
 

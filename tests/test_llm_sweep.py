@@ -39,7 +39,7 @@ from haepo_ray.report.generations import JUDGES
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.kinds.llm.fit import config_memory_key
 from haepo_ray.sweep.kinds import load_plan, parse_plan
-from haepo_ray.sweep.kinds.llm.trainable import release_memory
+from haepo_ray.sweep.trial_process import release_memory
 from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking import find_sweep_runs

@@ -14,7 +14,7 @@ loop itself, as RLlib's ``num_learners=0`` does: a one-worker ``TorchTrainer`` s
 seven actor processes (controller, workers, queue, synchronisation, ...), 20-30 s per trial on
 2 CPU cores, more than a small model's few updates; a finished trial's process is reused by the
 next (``reuse_actors``), imports and all. Tune then keeps the checkpoints. The trial gives its
-memory back when it ends (:func:`release_memory`): glibc keeps what a trial freed, and a
+memory back when it ends (:func:`~haepo_ray.sweep.trial_process.release_memory`): glibc keeps what a trial freed, and a
 reused process grew by about 1.1 GB per SmolLM2 trial until Ray's memory monitor killed it.
 
 *Workers.* :func:`worker_loop` runs :class:`~haepo_ray.llm.train.LLMRun` on each worker with
@@ -43,7 +43,6 @@ update (``names.LLM_UPDATE``) does not, so it is the step of everything downstre
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import tempfile
 from types import ModuleType
@@ -52,6 +51,7 @@ from typing import Any
 from haepo_ray import names
 from haepo_ray.sweep.kinds.llm.fit import check_own_fit
 from haepo_ray.sweep.kinds.llm.config import RAY_TRAIN, trial_settings
+from haepo_ray.sweep.trial_process import release_memory
 
 SFT_STARTS = "sft_starts"  # in the experiment's folder: the sweep's SFT starts (haepo_ray.llm.sft_start)
 
@@ -90,29 +90,6 @@ def llm_trial(config: dict[str, Any]) -> None:
         ),
     )
     trainer.fit()
-
-
-def release_memory() -> None:
-    """Return a finished trial's memory to the OS: collect its garbage, then ask glibc to give
-    back every free page of its heaps (``malloc_trim(0)``; without glibc, only the collection),
-    and PyTorch's CUDA caching allocator its cached blocks, which would hold GPU memory beyond
-    the share the next trial's estimate asked for (``gpus_per_worker: auto``).
-
-    glibc keeps freed memory for the process's next allocations, and of a model's weights,
-    optimiser state and activations, freed in pieces of many sizes, little is reused by the
-    next trial's: a reused trial process's resident memory grew trial after trial
-    (BENCHMARKS.md, "A reused trial process").
-    """
-    import ctypes
-
-    import torch
-
-    gc.collect()
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def sft_starts(storage: Any) -> str | None:

@@ -6,7 +6,9 @@ actor (a new Python process that imports Ray, RLlib and PyTorch: seconds) for ev
 sweeps of many short trials that start-up dominates. :class:`SweepTrainable`'s
 ``reset_config`` stops the algorithm and builds the next trial's in the same process;
 ``TuneConfig(reuse_actors=True)`` then keeps actors alive across trials (spec key
-``reuse_actors``).
+``reuse_actors``). In between, the process gives the finished trial's memory back
+(:mod:`haepo_ray.sweep.trial_process`): a stopped algorithm leaves its learner in reference
+cycles, and without it a reused process grew by 1.3 MB per CartPole trial.
 
 *The metric in every result.* RLlib reports episode metrics (``env_runners/episode_return_mean``
 ...) only for iterations that end an episode, e.g. not for PPO with timestep batches shorter
@@ -42,6 +44,7 @@ from haepo_ray.upstream import rllib as rllib_internals
 from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.names import CARRIED_OVER, PROVENANCE, RUN_TAGS
 from haepo_ray.provenance import device_tags, provenance
+from haepo_ray.sweep.trial_process import freeze_survivors, release_memory
 
 CARRIED_FILE = "haepo_carried_metric.json"  # in the checkpoint: {"value": the carried metric}
 
@@ -110,6 +113,9 @@ class SweepTrainable(tune.Trainable):
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self.algo.stop()
+        self.algo = None  # collected with the rest of the trial's garbage before the next is built
+        freeze_survivors()
+        release_memory()
         self.algo = self._build(new_config)
         self._devices = _devices(self.algo)
         return True
