@@ -8,7 +8,8 @@ logged from the Tune driver.
 - :mod:`~haepo_ray.tracking.writer`: the background thread that writes, through outages (the
   transport); :mod:`~haepo_ray.tracking.messages` what the driver queues for it, and
   :mod:`~haepo_ray.tracking.sweep_runs` what each message does to MLflow's runs;
-- :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume);
+- :mod:`~haepo_ray.tracking.callback`: the Tune callback (parent/child runs, resume), with its
+  settings in :mod:`~haepo_ray.tracking.settings`;
 - :mod:`~haepo_ray.tracking.run`: one run without a parent (``haepo train``);
 - :mod:`~haepo_ray.tracking.queries`: finding a sweep's runs again;
 - :mod:`~haepo_ray.tracking.audit`: a sweep's rows on disk against MLflow (fault tests, chaos bench).
@@ -35,6 +36,7 @@ from haepo_ray.tracking.schema import (
 from haepo_ray.tracking.uri import artifact_location_for, default_tracking_uri, resolve_tracking_uri
 from haepo_ray.tracking.retry import NotLogged, RetryPolicy
 from haepo_ray.tracking.run import MLflowRun
+from haepo_ray.tracking.settings import SweepTracking
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -62,7 +64,7 @@ __all__ = [
     "select_metrics",
 ]
 
-_LAZY = {"MLflowSweepCallback": "haepo_ray.tracking.callback", "SweepTracking": "haepo_ray.tracking.callback"}
+_LAZY = {"MLflowSweepCallback": "haepo_ray.tracking.callback"}
 
 
 __getattr__ = lazy_exports(__name__, _LAZY)
