@@ -254,7 +254,7 @@ def trial(config):
     if config["name"] == "greedy" and not os.path.exists(first):
         open(first, "w").close()
         held = []
-        while (used := psutil.virtual_memory().total - psutil.virtual_memory().available) < most:
+        while (used := (m := psutil.virtual_memory()).total - m.available) < most:
             held.append(bytearray(256 * 2**20))  # written: resident
             time.sleep(0.2)
         raise RuntimeError(f"the memory monitor let the machine use {used / 2**30:.1f} GiB (this trial "

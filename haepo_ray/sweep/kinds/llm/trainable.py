@@ -14,8 +14,9 @@ loop itself, as RLlib's ``num_learners=0`` does: a one-worker ``TorchTrainer`` s
 seven actor processes (controller, workers, queue, synchronisation, ...), 20-30 s per trial on
 2 CPU cores, more than a small model's few updates; a finished trial's process is reused by the
 next (``reuse_actors``), imports and all. Tune then keeps the checkpoints. The trial gives its
-memory back when it ends (:func:`~haepo_ray.sweep.trial_process.release_memory`): glibc keeps what a trial freed, and a
-reused process grew by about 1.1 GB per SmolLM2 trial until Ray's memory monitor killed it.
+memory back when it ends (:func:`~haepo_ray.sweep.trial_process.release_memory`): glibc keeps
+what a trial freed, and a reused process grew by about 1.1 GB per SmolLM2 trial until Ray's
+memory monitor killed it.
 
 *Workers.* :func:`worker_loop` runs :class:`~haepo_ray.llm.train.LLMRun` on each worker with
 the process group Ray Train set up (gloo on CPU, NCCL on GPU): whole prompt groups per worker,
