@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import gzip
 import json
 import os
 import platform
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=475.0, help="mean return of the last --window episodes")
     p.add_argument("--window", type=int, default=100, help="episodes in the solved criterion's mean")
     p.add_argument("--algos", nargs="+", default=["HAEPO", "PPO-default"], choices=list(CONFIGS))
-    p.add_argument("--out", default="bench/results/cartpole_vs_ppo.json")
+    p.add_argument("--out", default="bench/results/cartpole_vs_ppo.json.gz", help="JSON, gzipped where the name ends in .gz")
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--num-env-runners", type=int, default=0, help="same for every set-up")
     p.add_argument("--num-envs-per-env-runner", type=int, default=1,
@@ -544,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
             "table": table,
             "runs": runs,
         }
-        out.write_text(json.dumps(payload, indent=1))
+        text = json.dumps(payload, indent=1)
+        out.write_bytes(gzip.compress(text.encode(), mtime=0) if out.suffix == ".gz" else text.encode())
 
     # Untimed warm-up build of each algorithm: the first build in a process pays for
     # imports and Ray actor/metric set-up, which would otherwise land on HAEPO seed 0 only.
