@@ -111,21 +111,11 @@ def run_tree(args: list[str], *, timeout: float, **kwargs) -> subprocess.Complet
     that a timeout kills every process under the child too (a sweep's driver in its own session,
     Ray, an ``mlflow server``), not the child alone, before it raises ``TimeoutExpired``: a test
     that runs out of time leaves nothing running beside the tests after it."""
-    import psutil
-
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            try:
-                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            except psutil.Error:
-                tree = []
-            for p in tree:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
+            kill_tree(proc.pid)
             try:
                 out, err = proc.communicate(timeout=10)
             except subprocess.TimeoutExpired:  # a process outside the tree holds the pipes
@@ -345,3 +335,18 @@ def run_jobs_main(argv: list[str], capsys) -> tuple[int, str, str]:
     code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILLs process ``pid`` and every process under it (those that are still there)."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

@@ -42,14 +42,14 @@ def listing(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
 
 
-def check_each_step_once(uri: str, experiment: str, iterations: int) -> None:
-    """One parent, FINISHED; its one trial's run FINISHED with every step of ``LOGGED`` once."""
+def check_each_step_once(uri: str, experiment: str, iterations: int, trials: int = 1) -> None:
+    """One parent, FINISHED; each of its ``trials`` runs FINISHED with every step of ``LOGGED`` once."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     parents = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
     assert [p.info.status for p in parents] == ["FINISHED"]
     _, children = find_sweep_runs(uri, experiment, parents[0].info.run_id)
-    assert len(children) == 1
+    assert len(children) == trials
     rows = logged_rows(uri, experiment)
     assert not {k: n for k, n in rows.items() if n > 1}, "(run, metric, step) logged more than once"
     for child in children:

@@ -1,8 +1,12 @@
-"""The one error type of the ``haepo`` command, and where its warnings go."""
+"""The one error type of the ``haepo`` command, the exit status of an interrupted one, and
+where its warnings go."""
 
 from __future__ import annotations
 
 import logging
+
+
+INTERRUPTED = 130  # the exit status of a command a Ctrl-C ended (128 + SIGINT)
 
 
 class UsageError(Exception):

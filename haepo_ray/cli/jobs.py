@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
-from haepo_ray.cli.errors import UsageError
+from haepo_ray.cli.errors import INTERRUPTED, UsageError
 from haepo_ray.jobs import (
     TERMINAL,
     JobError,
@@ -178,7 +178,7 @@ def follow(client: JobsClient, job_id: str) -> int:
     except KeyboardInterrupt:
         print(f"\nhaepo: stopped following; the job goes on. Stop it with: haepo stop {job_id} "
               f"--address {client.address}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     info = client.get_job_info(job_id)
     message = f": {info.message}" if info.message else ""
     print(f"haepo: job {job_id} {status}{message}", file=sys.stderr, flush=True)

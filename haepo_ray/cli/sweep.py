@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
-from haepo_ray.cli.errors import UsageError, configure_logging
+from haepo_ray.cli.errors import INTERRUPTED, UsageError, configure_logging
 
 
 def add_parser(subparsers) -> None:
@@ -41,6 +42,9 @@ def add_parser(subparsers) -> None:
     add_storage_path(p)
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--quiet", action="store_true", help="no live trial table, only the summary")
+    p.epilog = ("Ctrl-C stops the sweep: Ray Tune saves its state, the runs of the trials it stops end KILLED "
+                "in MLflow, and the exit status is 130; the same command with --resume continues it. Exit "
+                "status 1: a trial failed; 2: a bad spec or option.")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -77,4 +81,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     except (SweepError, SpecError, UpstreamVersionError, PatchSettingError) as err:
         raise UsageError(str(err)) from None
+    except KeyboardInterrupt:  # a second Ctrl-C: Tune's last save was skipped
+        print("\nhaepo sweep: interrupted twice: the same command with --resume continues the sweep from "
+              "the last state Tune saved", file=sys.stderr)
+        return INTERRUPTED
+    if result.interrupted:
+        return INTERRUPTED
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0

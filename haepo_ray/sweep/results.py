@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from haepo_ray.tracking import best, metric_value, rank
 from haepo_ray.uris import is_http_url, is_uri
 
 logger = logging.getLogger(__name__)
+
+
+INTERRUPTED = "INTERRUPTED"  # a trial that was running when the sweep was interrupted
 
 
 @dataclass
@@ -46,6 +50,7 @@ class SweepResult:
     trials: list[TrialSummary] = field(default_factory=list)
     not_logged: list = field(default_factory=list)
     result_grid: Any = None
+    interrupted: bool = False  # Ctrl-C: Tune saved its state, and --resume continues the sweep
 
     @property
     def best(self) -> TrialSummary | None:
@@ -59,6 +64,7 @@ class SweepResult:
         return {
             "run_dir": self.run_dir, "experiment": self.experiment, "tracking_uri": self.tracking_uri,
             "parent_run_id": self.parent_run_id, "metric": self.metric, "mode": self.mode,
+            "interrupted": self.interrupted,
             "best_trial_id": self.best.trial_id if self.best else None,
             "trials": [t.__dict__ for t in self.ranked()],
         }
@@ -83,8 +89,11 @@ def _error_line(trial) -> str:
     return "error"
 
 
-def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment: str) -> SweepResult:
-    """One :class:`TrialSummary` per Tune trial (in creation order)."""
+def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment: str,
+              at_interrupt: Mapping[str, str] | None = None) -> SweepResult:
+    """One :class:`TrialSummary` per Tune trial (in creation order). ``at_interrupt``: the
+    trials' statuses when the sweep was interrupted (:mod:`haepo_ray.sweep.interrupt`); a trial
+    running then is ``INTERRUPTED`` (Tune marks it TERMINATED as it stops it)."""
     spec = plan.spec
     result = SweepResult(
         run_dir=run_dir, experiment=experiment,
@@ -93,13 +102,18 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
         experiment_id=callback.experiment_id if callback else None,
         metric=spec.metric, mode=spec.mode, result_grid=grid,
         not_logged=list(callback.not_logged) if callback else [],
+        interrupted=at_interrupt is not None,
     )
     for trial in trials:
         last = trial.last_result or {}
+        status = trial.status
+        if at_interrupt is not None:
+            status = at_interrupt.get(trial.trial_id, status)
+            status = INTERRUPTED if status == "RUNNING" else status
         result.trials.append(TrialSummary(
             trial_id=trial.trial_id,
             name=str(trial),
-            status=trial.status,
+            status=status,
             iterations=int(last.get(plan.step_key, 0) or 0),
             value=metric_value(last, spec.metric),
             values=plan.search_values(trial.config or {}),
@@ -111,7 +125,15 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
 
 
 def format_summary(result: SweepResult, top: int = 10) -> str:
-    lines = [f"sweep finished: {len(result.trials)} trials, results in {result.run_dir}"]
+    if result.interrupted:
+        finished = sum(t.status == "TERMINATED" for t in result.trials)
+        stopped = sum(t.status == INTERRUPTED for t in result.trials)
+        lines = [f"sweep interrupted: {finished} trials finished, {stopped} stopped while running; results in "
+                 f"{result.run_dir}",
+                 "Tune saved its state: the same command with --resume continues the sweep (a stopped trial "
+                 "from its last checkpoint)"]
+    else:
+        lines = [f"sweep finished: {len(result.trials)} trials, results in {result.run_dir}"]
     if result.parent_run_id:
         lines.append(f"MLflow: {result.tracking_uri}  experiment {result.experiment!r}  "
                      f"parent run {result.parent_run_id}")

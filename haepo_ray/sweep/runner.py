@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
+from haepo_ray.sweep.interrupt import InterruptWatch
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SweepSpec
@@ -77,11 +78,12 @@ def actor_env_vars() -> dict[str, str]:
 
 def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name: str,
                   sweep_dir: str, resume: bool, spec_text: str | None, address: str | None,
-                  untested: list[str] | None = None, **retry):
+                  untested: list[str] | None = None, interrupted=None, **retry):
     """The sweep's MLflow callback: one parent run, one child per trial; ``untested``: the
     warnings of patches run on an untested library version (:func:`haepo_ray.upstream.check`),
-    a tag of the parent run; ``retry``: ``retries``, ``backoff_s``, ``timeout_s``,
-    ``close_timeout_s`` (:class:`haepo_ray.tracking.RetryPolicy`)."""
+    a tag of the parent run; ``interrupted``: the callback's (the trials' statuses at a Ctrl-C);
+    ``retry``: ``retries``, ``backoff_s``, ``timeout_s``, ``close_timeout_s``
+    (:class:`haepo_ray.tracking.RetryPolicy`)."""
     from haepo_ray import names, tracking
     from haepo_ray.provenance import provenance
 
@@ -133,7 +135,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
         checkpoint_root_files=plan.root_files,
         default_params=plan.default_params(),
     )
-    return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry))
+    return tracking.MLflowSweepCallback(settings, tracking.RetryPolicy.from_env(**retry), interrupted)
 
 
 # --------------------------------------------------------------------------- run
@@ -265,16 +267,17 @@ def run_sweep(
             name, run_dir = new_run_dir(root)
 
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
+        watch = InterruptWatch()
         if track:
             p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
             callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
                                      sweep_name=f"{experiment}-{name}", sweep_dir=run_dir,
                                      resume=resume, spec_text=spec_text, address=address,
-                                     untested=untested, **(callback_kwargs or {}))
+                                     untested=untested, interrupted=watch.at_interrupt, **(callback_kwargs or {}))
             if callback.start():
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
-        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder] \
+        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder, watch] \
             + result_loggers() + tune_internals.sweep_callbacks()
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 
@@ -292,9 +295,10 @@ def run_sweep(
         try:
             grid = _fit(tuner)
         finally:
+            watch.release()
             if callback is not None:
                 callback.close(status="KILLED")  # no-op when Tune ended the experiment itself
-        result = results.summarize(plan, recorder.trials, grid, callback, run_dir, experiment)
+        result = results.summarize(plan, recorder.trials, grid, callback, run_dir, experiment, watch.statuses)
         p(results.format_summary(result))  # (what MLflow missed was logged as a warning, to stderr)
         results.write_summary(run_dir, result)
         return result

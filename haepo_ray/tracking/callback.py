@@ -42,7 +42,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +80,16 @@ class MLflowSweepCallback(Callback):
     Args:
         settings: what to log and where.
         retry: how hard each MLflow call is tried (default: :meth:`RetryPolicy.from_env`).
+        interrupted: at the experiment's end, the trials' statuses when the sweep was
+            interrupted, None if it was not (:meth:`haepo_ray.sweep.interrupt.InterruptWatch.at_interrupt`):
+            the runs of the trials it stopped, and the parent, end KILLED (a resume reopens them).
     """
 
-    def __init__(self, settings: SweepTracking, retry: RetryPolicy | None = None):
+    def __init__(self, settings: SweepTracking, retry: RetryPolicy | None = None,
+                 interrupted: Callable[[], Mapping[str, str] | None] | None = None):
         self.settings = settings
         self.retry = retry if retry is not None else RetryPolicy.from_env()
+        self._interrupted = interrupted
         not_logged_path = os.path.join(settings.sweep_dir, NOT_LOGGED_FILE) if settings.sweep_dir else None
         self._calls = MLflowCalls(settings.tracking_uri, self.retry, not_logged_path=not_logged_path)
         self._writer = MLflowWriter(self._calls, backlog_path=(
@@ -309,9 +314,17 @@ class MLflowSweepCallback(Callback):
 
     def on_experiment_end(self, trials, **info):
         self._reconcile_once(trials)
-        statuses = [getattr(t, "status", "") for t in trials]
-        status = "FAILED" if any(s == "ERROR" for s in statuses) else (
-            "FINISHED" if all(s == "TERMINATED" for s in statuses) else "KILLED")
+        at_interrupt = self._interrupted() if self._interrupted is not None else None
+        if at_interrupt is not None:  # Tune marked the trials it stopped TERMINATED
+            status = "KILLED"
+            for trial in trials:
+                if at_interrupt.get(trial.trial_id) not in ("TERMINATED", "ERROR") \
+                        and trial.trial_id in self._started_trials:
+                    self._writer.put(EndRun(trial.trial_id, "KILLED", None, None, trial.num_failures))
+        else:
+            statuses = [getattr(t, "status", "") for t in trials]
+            status = "FAILED" if any(s == "ERROR" for s in statuses) else (
+                "FINISHED" if all(s == "TERMINATED" for s in statuses) else "KILLED")
         self.close(status=status, trials=trials)
 
     # ------------------------------------------------------------------ end
