@@ -29,15 +29,17 @@ def metric_rows(db: Path, key: str) -> int:
         return 0
 
 
-def logged_rows(uri: str, experiment: str) -> Counter:
-    """How often MLflow holds each (child run, metric, step) of ``experiment``'s sweeps: every
-    row of every metric history, read through MLflow's client (any store)."""
+def logged_rows(uri: str, experiment: str, roles: tuple[str, ...] = ("trial",)) -> Counter:
+    """How often MLflow holds each (run, metric, step) of ``experiment``'s sweeps, for the runs
+    of ``roles`` (``trial``: the children; ``sweep``: the parents): every row of every metric
+    history, read through MLflow's client (any store)."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     rows: Counter = Counter()
-    for run in client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'trial'"):
-        for key in run.data.metrics:
-            rows.update((run.info.run_id, key, m.step) for m in client.get_metric_history(run.info.run_id, key))
+    for role in roles:
+        for run in client.search_runs([exp.experiment_id], f"tags.`haepo.role` = '{role}'"):
+            for key in run.data.metrics:
+                rows.update((run.info.run_id, key, m.step) for m in client.get_metric_history(run.info.run_id, key))
     return rows
 
 

@@ -43,14 +43,15 @@ def listing(folder: Path) -> dict[str, int]:
 
 
 def check_each_step_once(uri: str, experiment: str, iterations: int, trials: int = 1) -> None:
-    """One parent, FINISHED; each of its ``trials`` runs FINISHED with every step of ``LOGGED`` once."""
+    """One parent, FINISHED; each of its ``trials`` runs FINISHED with every step of ``LOGGED``
+    once; no (run, metric, step) twice, the parent's included."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     parents = client.search_runs([exp.experiment_id], "tags.`haepo.role` = 'sweep'")
     assert [p.info.status for p in parents] == ["FINISHED"]
     _, children = find_sweep_runs(uri, experiment, parents[0].info.run_id)
     assert len(children) == trials
-    rows = logged_rows(uri, experiment)
+    rows = logged_rows(uri, experiment, roles=("trial", "sweep"))
     assert not {k: n for k, n in rows.items() if n > 1}, "(run, metric, step) logged more than once"
     for child in children:
         assert child.info.status == "FINISHED"

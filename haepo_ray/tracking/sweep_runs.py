@@ -190,7 +190,9 @@ class SweepRuns:
                    lambda: self.client.set_terminated(self.parent_run_id, status=status))
 
     def log_summary(self, summary: Mapping[str, Any], timestamp_ms: int) -> None:
-        """The parent's best trial (tags, ``best/<metric>``) and ``summary.json``."""
+        """The parent's best trial (tags, ``best/<metric>``) and ``summary.json``. Each session
+        of the sweep (a resume after Ctrl-C or a failed trial) ends with a summary: its
+        ``best/<metric>`` goes to the step after those the parent holds, each step once."""
         from mlflow.entities import Metric, RunTag
 
         best, metric = summary.get("best"), summary.get("metric")
@@ -202,7 +204,13 @@ class SweepRuns:
             if run_id:
                 tags.append(RunTag(names.BEST_RUN_ID, run_id))
             if best.get("value") is not None and metric:
-                metrics.append(Metric(sanitize_key(f"best/{metric}"), float(best["value"]), timestamp_ms, 0))
+                key = sanitize_key(f"best/{metric}")
+                held = None
+                if self.earlier_runs:  # a resumed sweep: its parent may hold summaries
+                    _, held = self._call("metrics", None, f"{key} already logged (resume)",
+                                         lambda: self.client.get_metric_history(self.parent_run_id, key))
+                step = 1 + max((m.step for m in held or ()), default=-1)
+                metrics.append(Metric(key, float(best["value"]), timestamp_ms, step))
         text = json.dumps(dict(summary, run_ids={**self.earlier_runs, **self.run_ids},
                                parent_run_id=self.parent_run_id), indent=2, default=str)
         self._call("tags", None, "best trial of the sweep",
