@@ -4,11 +4,12 @@ without tracking), and training as a real subprocess."""
 from __future__ import annotations
 
 import fnmatch
+import signal
 import subprocess
 import sys
 
 import pytest
-from helpers import sqlite_store
+from helpers import kill_tree, sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray.envs import registered_envs
@@ -116,6 +117,30 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
     assert all(any(fnmatch.fnmatchcase(k, p) for p in DEFAULT_METRICS) for k in keys)  # the sweep's selection
     for key in keys:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
+
+
+def test_ctrl_c_ends_train_with_130_and_its_run_killed(tmp_path):
+    """A Ctrl-C (SIGINT to the command) mid-training: no traceback, exit 130, the run KILLED."""
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    proc = subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", "train", "--env", "haepo/ChainMDP-v0",
+                             "--stop-iters", "100000", "--num-cpus", "1", "--tracking-uri", uri, "--experiment", "c"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # the second iteration: training, and its run logging
+            if line.startswith("iter") and int(line.split()[1]) == 2:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.rstrip().endswith("haepo train: interrupted") and "Traceback" not in err, err[-3000:]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("c").experiment_id])
+    assert run.info.status == "KILLED"
 
 
 def test_train_no_tracking_writes_nothing_to_mlflow(ray_session, tmp_path, monkeypatch, capsys):

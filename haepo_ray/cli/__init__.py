@@ -1,5 +1,6 @@
 """The ``haepo`` command: one module per sub-command, the shared options in
-:mod:`~haepo_ray.cli.args`, and :class:`UsageError` (printed without a traceback, exit 2)."""
+:mod:`~haepo_ray.cli.args`, and :class:`UsageError` (printed without a traceback, exit 2); a
+Ctrl-C exits 130 without a traceback."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from haepo_ray import __version__
-from haepo_ray.cli.errors import UsageError
+from haepo_ray.cli.errors import INTERRUPTED, UsageError
 
 __all__ = ["UsageError", "main", "make_parser"]
 
@@ -53,3 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"haepo {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what the command was writing ended as its handlers say
+        print(f"\nhaepo {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
