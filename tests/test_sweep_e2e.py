@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import sys
@@ -281,6 +282,7 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
     uri = sqlite_store(tmp_path / "mlflow.db")
     result = run_sweep(spec, tracking_uri=uri, storage_path=str(tmp_path / "results"), out=io.StringIO())
     assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 10)]
+    assert result.missing_metric is None  # reported late, but reported
 
     (trial,) = result.result_grid
     rows = trial.metrics_dataframe.set_index("training_iteration")
@@ -302,6 +304,23 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
     assert child.data.tags["haepo.algorithm"] == "PPO"
     assert child.data.params["_train_batch_size_per_learner"] == "64"
     assert 0.0 <= child.data.metrics["env_runners/success_rate"] <= 1.0  # the paper's episode metric
+
+
+def test_a_metric_no_trial_reports_is_said_as_the_first_trial_ends(ray_session, tmp_path, monkeypatch, caplog):
+    """A misspelt metric: the sweep runs (a metric may come late), and the first trial to end
+    without it brings one warning naming the result keys closest to it; the summary says it again."""
+    monkeypatch.chdir(tmp_path)
+    plan = parse_plan(_tiny(name="typo", metric="env_runners/episode_return_meen", stop={"iterations": 2},
+                            search_space={"seed": {"grid": [0, 1]}}), "typo.yaml")
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.sweep.metric_watch"):
+        result = run_sweep(plan, track=False, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
+    assert [t.status for t in result.trials] == ["TERMINATED"] * 2
+    said = [r.getMessage() for r in caplog.records if r.name == "haepo_ray.sweep.metric_watch"]
+    assert len(said) == 1, said
+    assert said[0].startswith("no trial has reported the sweep's metric 'env_runners/episode_return_meen' "
+                              "(did you mean env_runners/episode_return_mean"), said
+    assert result.missing_metric is not None and result.missing_metric in said[0]
+    assert f"warning: {result.missing_metric}" in format_summary(result)
 
 
 def test_the_carried_metric_survives_a_restore(ray_session, tmp_path):

@@ -282,6 +282,40 @@ def test_unknown_algorithm_env_and_setting(tmp_path):
     assert "search_space.beta_ent: PPO has no setting 'beta_ent'" in message
 
 
+@pytest.mark.parametrize("old, new", [
+    ("episode_reward_mean", "env_runners/episode_return_mean"),
+    ("sampler_results/episode_reward_max", "env_runners/episode_return_max"),
+    ("env_runners/episode_reward_min", "env_runners/episode_return_min"),
+    ("episode_len_mean", "env_runners/episode_len_mean"),
+    ("evaluation/episode_reward_mean", "evaluation/env_runners/episode_return_mean"),
+])
+def test_a_metric_of_rllibs_old_api_stack_is_refused_with_its_new_name(old, new, tmp_path):
+    message = _error(tmp_path, _spec(metric=old))
+    assert f"metric: {old!r} is a result key of RLlib's old API stack; its new stack, which haepo-ray " \
+           f"runs, reports it as {new!r}" in message
+
+
+def test_new_stack_metrics_are_not_taken_for_old_ones():
+    from haepo_ray.sweep.kinds.rl.plan import new_stack_metric
+
+    for metric in ("env_runners/episode_return_mean", "env_runners/episode_len_mean", "env_runners/success_rate",
+                   "evaluation/env_runners/episode_return_mean", "learners/default_policy/weight_entropy"):
+        assert new_stack_metric(metric) is None, metric
+
+
+def test_a_missing_metric_names_the_closest_result_keys():
+    from haepo_ray.sweep.metric_watch import missing_metric
+
+    result = {"env_runners": {"episode_return_mean": 1.0, "episode_return_meen": math.nan, "num_episodes": 4},
+              "config": {"episode_return_meen": 1.0}, "timers": {"training_step": 0.1}}
+    said = missing_metric("env_runners/episode_return_meen", [result, None])
+    assert said.startswith("no trial has reported the sweep's metric 'env_runners/episode_return_meen' (did you "
+                           "mean env_runners/episode_return_mean or env_runners/num_episodes?)"), said  # not config/
+    assert missing_metric("env_runners/episode_return_mean", [result]) is None  # one result holds it
+    assert missing_metric("x", [None, {}]) is None  # no keys to go by
+    assert "(none of the 1 result keys is close)" in missing_metric("zzz", [{"timers": {"training_step": 0.1}}])
+
+
 def test_conflicting_settings(tmp_path):
     message = _error(tmp_path, _spec(settings={"batch_size": 8, "episodes_per_batch": 8}))
     assert "either batch_size or episodes_per_batch" in message

@@ -12,6 +12,7 @@ Data flows one way through these modules:
 - :mod:`~haepo_ray.sweep.runner`: Ray start-up, tracking, run or resume, in the folders of
   :mod:`~haepo_ray.sweep.paths`;
 - :mod:`~haepo_ray.sweep.interrupt`: whether Ctrl-C stopped the sweep, and its trials' statuses then;
+- :mod:`~haepo_ray.sweep.metric_watch`: a metric no trial reports (a misspelt one), said early;
 - :mod:`~haepo_ray.sweep.results`: trial summaries, the best-trial rule, the printed summary;
 - :mod:`~haepo_ray.sweep.dry_run`: every planned trial, printed, nothing run.
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ray.tune import Callback
 
+from haepo_ray.sweep.metric_watch import missing_metric
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.tables import format_table
 from haepo_ray.tracking import best, metric_value, rank
@@ -51,6 +52,7 @@ class SweepResult:
     not_logged: list = field(default_factory=list)
     result_grid: Any = None
     interrupted: bool = False  # Ctrl-C: Tune saved its state, and --resume continues the sweep
+    missing_metric: str | None = None  # no trial reported the metric: what to say (metric_watch)
 
     @property
     def best(self) -> TrialSummary | None:
@@ -121,6 +123,7 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
             num_failures=int(getattr(trial, "num_failures", 0) or 0),
             error=_error_line(trial) if trial.status == "ERROR" else None,
         ))
+    result.missing_metric = missing_metric(spec.metric, [trial.last_result for trial in trials])
     return result
 
 
@@ -150,6 +153,8 @@ def format_summary(result: SweepResult, top: int = 10) -> str:
     for t in result.trials:
         if t.error:
             lines.append(f"trial {t.trial_id} failed: {t.error}")
+    if result.missing_metric:
+        lines.append(f"warning: {result.missing_metric}")
     if result.parent_run_id:
         lines.append(next_steps(result))
     return "\n".join(lines)

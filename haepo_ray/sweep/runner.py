@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.interrupt import InterruptWatch
+from haepo_ray.sweep.metric_watch import MetricWatch
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SweepSpec
@@ -277,7 +278,8 @@ def run_sweep(
             if callback.start():
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
-        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) + [recorder, watch] \
+        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) \
+            + [recorder, watch, MetricWatch(spec.metric)] \
             + result_loggers() + tune_internals.sweep_callbacks()
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 

@@ -10,6 +10,7 @@ the plan; nothing resolves the spec a second time.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class RLPlan(Plan):
         except UnknownAlgorithm as err:
             raise SpecError(f"{source}: algorithm: {err}") from None
         _check_env(spec, source)
+        _check_metric(spec, source)
         _check_setting_names(spec, base, source)
         try:
             base = configs.apply_settings(base, spec.settings)
@@ -146,6 +148,26 @@ def _check_env(spec: RLSweepSpec, source: str) -> None:
     except Exception as err:
         raise SpecError(f"{source}: env_config: {spec.env} does not take {spec.env_config}: "
                         f"{type(err).__name__}: {err}") from None
+
+
+def new_stack_metric(metric: str) -> str | None:
+    """The name RLlib's new API stack (haepo-ray's) gives ``metric``, a result key of its old
+    stack (``episode_reward_mean``, ``sampler_results/...``, ``evaluation/...``); None for
+    any other key."""
+    evaluation = "evaluation/" if metric.startswith("evaluation/") else ""
+    rest = metric.removeprefix("evaluation/").removeprefix("sampler_results/").removeprefix("env_runners/")
+    old = re.fullmatch(r"episode_(reward|len)_(mean|min|max)", rest)
+    if old is None:
+        return None
+    new = f"{evaluation}env_runners/episode_{'return' if old[1] == 'reward' else 'len'}_{old[2]}"
+    return new if new != metric else None
+
+
+def _check_metric(spec: RLSweepSpec, source: str) -> None:
+    new = new_stack_metric(spec.metric)
+    if new is not None:
+        raise SpecError(f"{source}: metric: {spec.metric!r} is a result key of RLlib's old API stack; its new "
+                        f"stack, which haepo-ray runs, reports it as {new!r}")
 
 
 def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:

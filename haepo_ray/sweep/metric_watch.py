@@ -1,0 +1,63 @@
+"""A sweep metric that no trial reports, said as soon as a trial ends without it.
+
+Tune's schedulers and searchers, and the summary's best trial, rank trials by the spec's
+``metric``. A result without it does not stop a sweep: the RL trainable carries a missing
+metric forward, NaN until its first value (RLlib reports episode metrics only once an episode
+has ended). So a misspelt metric ran a whole sweep unranked and without a word: ASHA stopped
+nothing, and every value in the summary was "-". :class:`MetricWatch` warns when the first
+trial ends without having reported the metric and no other trial has, naming the result keys
+closest to it (:func:`missing_metric`); the summary says it again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ray.tune import Callback
+
+from haepo_ray.tracking import metric_value
+from haepo_ray.tracking.schema import flatten
+
+__all__ = ["MetricWatch", "missing_metric"]
+
+logger = logging.getLogger(__name__)
+
+
+def missing_metric(metric: str, results: Iterable[Mapping[str, Any] | None]) -> str | None:
+    """What to say when none of ``results`` (trials' last results) holds a value of
+    ``metric``; None when one does, or when there is no result to read keys from."""
+    results = [r for r in results if r]
+    if not results or any(metric_value(r, metric) is not None for r in results):
+        return None
+    keys = sorted({key for r in results for key, value in flatten(r).items()
+                   if not key.startswith("config/") and key != metric and isinstance(value, (int, float))})
+    closest = difflib.get_close_matches(metric, keys, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(closest)}?" if closest else f"none of the {len(keys)} result keys is close"
+    return (f"no trial has reported the sweep's metric {metric!r} ({hint}): schedulers, searchers and the "
+            "best trial rank trials by it; fix `metric` in the spec")
+
+
+class MetricWatch(Callback):
+    """Warns (once) when a trial ends and no result so far has reported ``metric``."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.reported = False
+        self.warning: str | None = None
+
+    def __reduce__(self):
+        # Tune pickles its callbacks into tuner.pkl: a new watch, never this run's state.
+        return type(self), (self.metric,)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.reported = self.reported or metric_value(result, self.metric) is not None
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        if self.reported or self.warning is not None:
+            return
+        self.warning = missing_metric(self.metric, [trial.last_result])
+        if self.warning:
+            logger.warning("%s (trial %s ended without it)", self.warning, trial.trial_id)
