@@ -91,7 +91,7 @@ def test_llm_smoke_sweep_lands_nested_runs_with_every_update(smoke):
     updates = yaml.safe_load(SMOKE.read_text())["settings"]["rl_updates"]
     assert [t.status for t in result.trials] == ["TERMINATED"] * 6
     assert all(t.iterations == updates for t in result.trials)
-    assert not result.not_logged
+    assert not result.not_logged and result.missing_metric is None
     assert parent.data.tags[names.MODEL] == "tiny" and parent.data.params["llm/num_workers"] == "0"
     assert parent.info.status == "FINISHED"
     assert len(children) == 6
