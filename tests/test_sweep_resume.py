@@ -88,6 +88,32 @@ def test_a_state_of_another_run_is_refused_before_anything_is_written(ray_sessio
     refuse_a_foreign_state(str(moved), a.name)
 
 
+def test_a_resume_with_a_changed_spec_is_refused_naming_the_changes(ray_session, tmp_path, monkeypatch):
+    """Tune resumes a run as it started: a longer stop or another grid would be ignored
+    without a word. Refused, before anything is written; a new description, another Ray, or a
+    run's spec.yaml without a key an older haepo-ray did not write (its default) resume."""
+    monkeypatch.chdir(tmp_path)
+    results = str(tmp_path / "results")
+    data = tiny("changed", 1, search_space={"seed": {"grid": [0]}})
+    run_dir = Path(run_sweep(parse_plan(data, "changed.yaml"), track=False, storage_path=results,
+                             out=io.StringIO(), verbose=0).run_dir)
+    before = listing(run_dir)
+    changed = {**data, "stop": {"iterations": 2}, "search_space": {"seed": {"grid": [0, 1]}}}
+    with pytest.raises(SweepError) as refused:
+        run_sweep(parse_plan(changed, "changed.yaml"), track=False, storage_path=results, out=io.StringIO(),
+                  verbose=0, resume=True)
+    assert f"cannot resume {run_dir} with this spec: it changed since the sweep started " \
+           "(search_space.seed.grid: [0] -> [0, 1]; stop.iterations: 1 -> 2). Ray Tune resumes" in str(refused.value)
+    assert listing(run_dir) == before
+
+    started = run_dir / "spec.yaml"
+    started.write_text(started.read_text().replace("keep_checkpoints: null\n", ""))
+    same = {**data, "description": "now described", "ray": {"num_cpus": 1}}
+    result = run_sweep(parse_plan(same, "changed.yaml"), track=False, storage_path=results, out=io.StringIO(),
+                       verbose=0, resume=True)
+    assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 1)]
+
+
 # Slow tier: from scratch (every checkpoint gone), which the killed driver below also meets.
 @pytest.mark.parametrize("deleted", ["newest", pytest.param("every", marks=pytest.mark.slow)])
 def test_a_trial_whose_newest_checkpoint_is_gone_restarts_from_one_that_exists(deleted, ray_session, tmp_path,

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
+
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.interrupt import InterruptWatch
@@ -29,6 +31,9 @@ from haepo_ray.upstream import tune_restore
 from haepo_ray.uris import is_uri
 
 RUN_INFO_FILE = "haepo_sweep.json"
+SPEC_FILE = "spec.yaml"  # in a run's folder: the spec it started with, every default filled in
+# Spec keys a resume may change: where the run is, what it is called, this session's Ray.
+RESUME_MAY_CHANGE = ("name", "description", "storage_path", "ray")
 
 
 class SweepError(RuntimeError):
@@ -173,6 +178,31 @@ def refuse_a_foreign_state(run_dir: str, name: str) -> None:
             f"{run_dir} to resume it from its own newest experiment state, or resume the other folder's sweep")
 
 
+def refuse_a_changed_spec(run_dir: str, spec: SweepSpec) -> None:
+    """Raises :class:`SweepError` when ``spec`` differs from the one the sweep in ``run_dir``
+    started with (its :data:`SPEC_FILE`) in a key not in :data:`RESUME_MAY_CHANGE`: Tune
+    restores a run as it was started, and would ignore the change (a longer stop, another
+    grid, a new metric) without a word. Nothing to compare (a folder on remote storage, or
+    one without the file): no check."""
+    from haepo_ray.sweep.kinds import parse_spec
+    from haepo_ray.tracking.schema import flatten
+
+    path = Path(run_dir) / SPEC_FILE
+    if is_uri(run_dir) or not path.is_file():
+        return
+    started = parse_spec(yaml.safe_load(path.read_text()), str(path))
+    before, now = (flatten({k: v for k, v in yaml.safe_load(s.resolved_yaml()).items()
+                            if k not in RESUME_MAY_CHANGE}, sep=".") for s in (started, spec))
+    missing = "(not set)"
+    changed = [f"{key}: {before.get(key, missing)} -> {now.get(key, missing)}"
+               for key in sorted(before.keys() | now.keys()) if before.get(key, missing) != now.get(key, missing)]
+    if changed:
+        raise SweepError(
+            f"cannot resume {run_dir} with this spec: it changed since the sweep started ({'; '.join(changed)}). "
+            "Ray Tune resumes a sweep as it was started and would ignore the change. Run the changed spec "
+            f"without --resume (a new run of it), or resume with the spec it started with ({path})")
+
+
 def result_loggers() -> list:
     """The one per-trial result logger a sweep keeps: Tune's JSON logger (params.json,
     params.pkl, result.json), which resumes read (:mod:`haepo_ray.tracking.trial_files`) and
@@ -263,6 +293,7 @@ def run_sweep(
                 raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
                                  "can restore (run it without --resume)")
             name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+            refuse_a_changed_spec(run_dir, spec)
             refuse_a_foreign_state(run_dir, name)
         else:
             name, run_dir = new_run_dir(root)
@@ -317,4 +348,4 @@ def _write_run_info(run_dir: str, spec: SweepSpec, experiment: str, uri: str | N
     info = {"spec": spec.source, "experiment": experiment, "tracking_uri": uri,
             "parent_run_id": callback.parent_run_id if callback else None}
     (path / RUN_INFO_FILE).write_text(json.dumps(info, indent=2))
-    (path / "spec.yaml").write_text(spec.resolved_yaml())
+    (path / SPEC_FILE).write_text(spec.resolved_yaml())
