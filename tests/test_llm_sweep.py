@@ -396,6 +396,21 @@ def test_gpu_trials_fail_at_start_on_a_local_ray_without_gpus(ray_session, tmp_p
     assert not list(tmp_path.iterdir())  # nothing started
 
 
+@pytest.mark.parametrize("spec, asks", [
+    (smoke_spec(llm={"num_workers": 2, "cpus_per_worker": 1.5}), "3.25 CPUs (resources.cpus, and llm.num_workers x llm.cpus_per_worker)"),
+    ({"algorithm": "HAEPO", "env": "haepo/ChainMDP-v0", "resources": {"cpus": 3}, "stop": {"iterations": 1}},
+     "3 CPUs (resources.cpus, the env runners' and the learners')"),
+], ids=["language-model", "rl"])
+def test_trials_that_ask_a_local_ray_for_more_cpus_than_it_has_fail_at_start(ray_session, tmp_path, spec, asks):
+    """The session's Ray has 2 CPUs: Tune would keep such trials pending for ever, saying nothing with --quiet."""
+    plan = parse_plan(spec, "cpus.yaml")
+    with pytest.raises(SpecError) as err:
+        run_sweep(plan, track=False, storage_path=str(tmp_path), out=io.StringIO(), verbose=0)
+    assert f"cpus.yaml: each trial asks for {asks}, but the embedded local Ray has 2 (ray.num_cpus, else this " \
+           "machine's): its trials would wait for ever." in str(err.value)
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_a_finished_trial_gives_the_heap_it_freed_back_to_the_os():
     """What a trial frees stays in glibc's heap, resident, until :func:`release_memory`."""

@@ -500,7 +500,7 @@ def test_the_gpus_memory_comes_from_rays_accelerator_type():
     code = f"""
 import dataclasses, json, ray
 from haepo_ray.sweep.cluster import Cluster
-ray.init(num_cpus=1, num_gpus=1, resources={{"accelerator_type:A100-40G": 1}}, include_dashboard=False,
+ray.init(num_cpus=2, num_gpus=1, resources={{"accelerator_type:A100-40G": 1}}, include_dashboard=False,
          _temp_dir="{ray_temp_dir()}-a100")  # short: Ray's unix sockets
 print(json.dumps(dataclasses.asdict(Cluster.of_ray(embedded=True))))
 ray.shutdown()
@@ -508,7 +508,7 @@ ray.shutdown()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cluster = Cluster(**json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert cluster == Cluster(gpus=1.0, gpu_memory_gib=40.0, gpu_kind="A100-40G", embedded=True)
+    assert cluster == Cluster(gpus=1.0, gpu_memory_gib=40.0, gpu_kind="A100-40G", embedded=True, cpus=2.0)
     plan = parse_plan(_llm_gpu_spec(gpus_per_worker="auto"), "fit.yaml").fitted(cluster)
     limit, source, share = plan.fit.limit_gib, plan.fit.limit_source, plan.trial_resources({"group_size": 32})["GPU"]
     assert (limit, source) == (40.0, "Ray's GPUs, A100-40G")

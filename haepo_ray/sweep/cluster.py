@@ -1,24 +1,26 @@
-"""What the Ray a sweep runs on offers its trials: :class:`Cluster` (GPUs and their memory),
-read once Ray is up, and :func:`require_gpus`, so that trials that ask for GPUs a Ray does not
-have fail at start instead of waiting for ever."""
+"""What the Ray a sweep runs on offers its trials: :class:`Cluster` (CPUs, GPUs and their
+memory), read once Ray is up, and :func:`require_resources`, so that trials that ask for more
+than a local Ray has fail at start instead of waiting for ever."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from haepo_ray.sweep.spec import SpecError, SweepSpec
 
-__all__ = ["Cluster", "require_gpus"]
+__all__ = ["Cluster", "require_resources"]
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """GPUs of the Ray cluster and, when known, the smallest one's memory."""
+    """GPUs of the Ray cluster and, when known, the smallest one's memory; its CPUs."""
 
     gpus: float | None  # None: not connected (``haepo sweep --dry-run``)
     gpu_memory_gib: float | None = None
     gpu_kind: str | None = None  # e.g. Ray's accelerator type A100-40G
     embedded: bool = True  # a local Ray this sweep started, which cannot grow
+    cpus: float | None = None  # None: not read
 
     @classmethod
     def unknown(cls) -> Cluster:
@@ -33,27 +35,39 @@ class Cluster:
 
         from haepo_ray.llm.capacity.accelerators import ACCELERATORS, RAY_ACCELERATOR_TYPES
 
-        gpus = ray.cluster_resources().get("GPU", 0.0)
+        resources = ray.cluster_resources()
+        gpus, cpus = resources.get("GPU", 0.0), resources.get("CPU", 0.0)
         kinds = sorted({key.split(":", 1)[1] for node in ray.nodes() if node.get("Alive")
                         for key in node.get("Resources", {}) if key.startswith("accelerator_type:")})
         known = [ACCELERATORS[RAY_ACCELERATOR_TYPES[k]].memory_gib for k in kinds if k in RAY_ACCELERATOR_TYPES]
         if gpus and known and len(known) == len(kinds):
-            return cls(gpus, min(known), ",".join(kinds), embedded)
+            return cls(gpus, min(known), ",".join(kinds), embedded, cpus)
         if gpus:
             import torch
 
             if torch.cuda.is_available():
                 props = torch.cuda.get_device_properties(0)
-                return cls(gpus, props.total_memory / 2**30, props.name, embedded)
-        return cls(gpus, None, ",".join(kinds) or None, embedded)
+                return cls(gpus, props.total_memory / 2**30, props.name, embedded, cpus)
+        return cls(gpus, None, ",".join(kinds) or None, embedded, cpus)
 
 
-def require_gpus(spec: SweepSpec, trial_gpus: float, cluster: Cluster, where: str, fix: str) -> None:
-    """A SpecError when trials ask for GPUs that a local Ray does not have (it cannot grow; a
-    remote cluster may add GPU nodes, so there the trials wait). ``where``: the settings that
-    ask for them; ``fix``: what to set to train on CPUs."""
-    if trial_gpus <= 0 or cluster.gpus is None or cluster.gpus > 0 or not cluster.embedded:
+def require_resources(spec: SweepSpec, trial: Mapping[str, float], cluster: Cluster, *, gpus_from: str,
+                      cpu_fix: str, cpus_from: str) -> None:
+    """A SpecError when each trial asks for more CPUs or GPUs (``trial``: Ray resource ->
+    amount) than a local Ray has: it cannot grow, so they would wait for ever (a remote
+    cluster may add nodes: there they wait). ``gpus_from`` / ``cpus_from``: the settings that
+    ask for them; ``cpu_fix``: what to set to train on CPUs."""
+    if not cluster.embedded:
         return
-    raise SpecError(f"{spec.source or '<spec>'}: each trial asks for {trial_gpus:g} GPU(s) ({where}), but the "
-                    f"embedded local Ray has none: its trials would wait for ever. Run it on a Ray cluster "
-                    f"with GPUs (--address), or {fix} to train on CPUs")
+    where = spec.source or "<spec>"
+    gpus, cpus = trial.get("GPU", 0.0), trial.get("CPU", 0.0)
+    if cluster.gpus is not None and gpus > cluster.gpus:
+        has = f"{cluster.gpus:g}" if cluster.gpus else "none"
+        raise SpecError(f"{where}: each trial asks for {gpus:g} GPU(s) ({gpus_from}), but the embedded local "
+                        f"Ray has {has}: its trials would wait for ever. Run it on a Ray cluster with the GPUs "
+                        f"(--address), or {cpu_fix} to train on CPUs")
+    if cluster.cpus is not None and cpus > cluster.cpus:
+        raise SpecError(f"{where}: each trial asks for {cpus:g} CPUs ({cpus_from}), but the embedded local Ray "
+                        f"has {cluster.cpus:g} (ray.num_cpus, else this machine's): its trials would wait for "
+                        f"ever. Ask for fewer, give the embedded Ray more with ray.num_cpus, or run it on a Ray "
+                        f"cluster (--address)")

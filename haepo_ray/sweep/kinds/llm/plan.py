@@ -34,7 +34,7 @@ from typing import Any
 
 from haepo_ray import names
 from haepo_ray.names import BATCH_SIZE_ALIAS
-from haepo_ray.sweep.cluster import Cluster, require_gpus
+from haepo_ray.sweep.cluster import Cluster, require_resources
 from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, trial_settings
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods
@@ -209,9 +209,12 @@ class LLMPlan(Plan):
         ``llm.use_gpu`` or ``llm.gpu_memory_gb``, each distinct trial configuration is simulated
         once; with ``llm.fit: auto`` a trial over the limit is planned to fit
         (:meth:`~haepo_ray.sweep.kinds.llm.fit.GPUFit.planned`), and trials that cannot fit are
-        refused (SpecError naming each); GPU trials on a local Ray without GPUs fail."""
+        refused (SpecError naming each); trials that ask a local Ray for more CPUs or GPUs
+        than it has fail."""
         spec, llm = self.spec, self.spec.llm
-        require_gpus(spec, self.trial_resources().get("GPU", 0.0), cluster, "llm.use_gpu", "set llm.use_gpu: false")
+        require_resources(spec, self.trial_resources(), cluster, gpus_from="llm.use_gpu",
+                          cpu_fix="set llm.use_gpu: false",
+                          cpus_from="resources.cpus, and llm.num_workers x llm.cpus_per_worker")
         if not (llm.use_gpu or llm.gpu_memory_gb):
             return self
         from haepo_ray.sweep.planned import PlannedTrial, planned_trials

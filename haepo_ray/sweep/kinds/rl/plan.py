@@ -17,7 +17,7 @@ from typing import Any
 from haepo_ray import names
 from haepo_ray.rl import configs
 from haepo_ray.rl.registry import UnknownAlgorithm
-from haepo_ray.sweep.cluster import Cluster, require_gpus
+from haepo_ray.sweep.cluster import Cluster, require_resources
 from haepo_ray.sweep.kinds.rl.spec import RLSweepSpec
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import PBTScheduler, SpecError
@@ -117,10 +117,12 @@ class RLPlan(Plan):
         return {k: v for k, v in total.items() if v}
 
     def fitted(self, cluster: Cluster) -> RLPlan:
-        """This plan, once ``cluster`` can run its trials: GPU trials on a local Ray without
-        GPUs fail (SpecError)."""
-        require_gpus(self.spec, self.trial_resources().get("GPU", 0.0), cluster,
-                     "resources.gpus or the learners' and env runners' GPUs", "set the GPU settings to 0")
+        """This plan, once ``cluster`` can run its trials: trials that ask a local Ray for more
+        CPUs or GPUs than it has fail (SpecError)."""
+        require_resources(self.spec, self.trial_resources(), cluster,
+                          gpus_from="resources.gpus or the learners' and env runners' GPUs",
+                          cpu_fix="set the GPU settings to 0",
+                          cpus_from="resources.cpus, the env runners' and the learners'")
         return self
 
     def trainable(self) -> str:
