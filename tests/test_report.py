@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from chromium import (assert_highlighted, assert_legend_toggles, assert_offline, chart, column, filter_rows, hover,
                       offline_page, sort_by, tick_row, tooltip_value)
-from helpers import sqlite_store
+from helpers import free_port, sqlite_store
 
 from haepo_ray import cli
 from haepo_ray.report import build_report
@@ -165,6 +165,11 @@ def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
     assert cli.main(["report", "--tracking-uri", missing, "--out", str(tmp_path)]) == 2
     assert "no MLflow store at" in capsys.readouterr().err
     assert not (tmp_path / "missing.db").exists()
+    # a server that is down: said at once (MLflow's own client retries for about 4 minutes)
+    down = f"http://127.0.0.1:{free_port()}"
+    assert cli.main(["report", "--tracking-uri", down, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"haepo report: error: MLflow at {down} does not answer (" in err and "Connection refused" in err, err
 
 
 def test_search_values_of_older_stores_keep_their_names(tmp_path):

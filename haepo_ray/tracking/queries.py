@@ -16,17 +16,30 @@ from pathlib import Path
 from haepo_ray import names
 from haepo_ray.tracking.schema import SWEEP_ROLE
 from haepo_ray.tracking.uri import sqlite_file
+from haepo_ray.uris import is_http_url
+
+
+PROBE_TIMEOUT_S = 10.0  # how long a reader waits for an mlflow server's first answer
 
 
 def open_store(tracking_uri: str):
     """An ``MlflowClient`` of the store at ``tracking_uri``; ``LookupError`` where that is a
-    SQLite file that does not exist (MLflow would create an empty one)."""
+    SQLite file that does not exist (MLflow would create an empty one), or an ``mlflow server``
+    that does not answer (MLflow would retry for about 4 minutes, then raise)."""
     from mlflow.tracking import MlflowClient
+
+    from haepo_ray.upstream import mlflow as mlflow_internals
 
     db = sqlite_file(tracking_uri)
     if db is not None and not db.is_file():
         raise LookupError(f"no MLflow store at {tracking_uri} (run a sweep first, or give --tracking-uri)")
-    return MlflowClient(tracking_uri=tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if is_http_url(tracking_uri):
+        why = mlflow_internals.server_answers(client, PROBE_TIMEOUT_S)
+        if why is not None:
+            raise LookupError(f"MLflow at {tracking_uri} does not answer ({why}): start the server, or give "
+                              "the --tracking-uri of one that runs")
+    return client
 
 
 def experiment_named(client, name: str):

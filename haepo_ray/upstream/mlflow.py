@@ -27,6 +27,9 @@ into messages and entities, 1.3 s reading it as JSON:
 - an ``mlflow server``: its public REST ``runs/search`` (:data:`SEARCH_ENDPOINT`) asked with
   MLflow's request helpers, its JSON kept as it is (:func:`search_runs_page`).
 
+A reader of an ``mlflow server`` that is down would wait out MLflow's retries (about 4 minutes)
+before its error: :func:`server_answers` asks once first, with the same helpers and no retries.
+
 An MLflow upgrade is checked against :data:`INTERNALS`.
 """
 
@@ -119,6 +122,25 @@ def search_runs_page(client, experiment_id: str, filter_string: str, max_results
     return verify_rest_response(response, SEARCH_ENDPOINT).json()
 
 
+# MLflow's public REST API: search experiments, the cheapest question a server answers.
+PROBE_ENDPOINT = "/api/2.0/mlflow/experiments/search"
+
+
+def server_answers(client, timeout_s: float) -> str | None:
+    """None when ``client``'s ``mlflow server`` answers one request (any answer: a refusal
+    of the credentials is the client's to report) within ``timeout_s``, without MLflow's
+    retries (7, over about 4 minutes); else why not."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.rest_utils import http_request
+
+    try:
+        http_request(store(client).get_host_creds(), PROBE_ENDPOINT, "GET", params={"max_results": 1},
+                     max_retries=0, timeout=timeout_s, raise_on_status=False)
+    except MlflowException as err:
+        return err.message
+    return None
+
+
 def bulk_history(client, run_ids: list[str], key: str, max_results: int) -> list[dict]:
     """The values of ``key`` of ``run_ids`` from ``client``'s ``mlflow server`` (its
     :data:`BULK_ENDPOINT`, under the tracking URI's path: a ``--static-prefix``), ordered by
@@ -142,7 +164,7 @@ INTERNALS = (
              "called: a session of the store", kind="instance"),
     Internal("mlflow.store.tracking.rest_store:RestStore", "get_host_creds", "read: the server's credentials",
              kind="instance"),
-    Internal("mlflow.utils.rest_utils", "http_request", "called: a request to the bulk and search endpoints",
+    Internal("mlflow.utils.rest_utils", "http_request", "called: a request to the bulk, search and probe endpoints",
              ("host_creds", "endpoint", "method", "max_retries", "backoff_factor", "backoff_jitter", "extra_headers",
               "retry_codes", "timeout", "raise_on_status", "respect_retry_after_header", "retry_timeout_seconds",
               "kwargs")),
