@@ -313,6 +313,7 @@ def test_a_missing_metric_names_the_closest_result_keys():
                            "mean env_runners/episode_return_mean or env_runners/num_episodes?)"), said  # not config/
     assert missing_metric("env_runners/episode_return_mean", [result]) is None  # one result holds it
     assert missing_metric("x", [None, {}]) is None  # no keys to go by
+    assert missing_metric("x", [{"trial_id": "a", "config": {"lr": 0.1}}]) is None  # no trial has reported yet
     assert "(none of the 1 result keys is close)" in missing_metric("zzz", [{"timers": {"training_step": 0.1}}])
 
 

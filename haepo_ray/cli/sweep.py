@@ -81,9 +81,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     except (SweepError, SpecError, UpstreamVersionError, PatchSettingError) as err:
         raise UsageError(str(err)) from None
-    except KeyboardInterrupt:  # a second Ctrl-C: Tune's last save was skipped
-        print("\nhaepo sweep: interrupted twice: the same command with --resume continues the sweep from "
-              "the last state Tune saved", file=sys.stderr)
+    except KeyboardInterrupt:  # before Tune took Ctrl-C over, or a second one: no last save
+        print("\nhaepo sweep: interrupted before Ray Tune saved the sweep's state: the same command with "
+              "--resume continues it from the last state Tune saved, if it saved one", file=sys.stderr)
         return INTERRUPTED
     if result.interrupted:
         return INTERRUPTED

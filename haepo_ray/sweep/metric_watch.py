@@ -28,12 +28,14 @@ logger = logging.getLogger(__name__)
 
 def missing_metric(metric: str, results: Iterable[Mapping[str, Any] | None]) -> str | None:
     """What to say when none of ``results`` (trials' last results) holds a value of
-    ``metric``; None when one does, or when there is no result to read keys from."""
+    ``metric``; None when one does, or when none has a metric to go by (no trial reported)."""
     results = [r for r in results if r]
-    if not results or any(metric_value(r, metric) is not None for r in results):
+    if any(metric_value(r, metric) is not None for r in results):
         return None
     keys = sorted({key for r in results for key, value in flatten(r).items()
                    if not key.startswith("config/") and key != metric and isinstance(value, (int, float))})
+    if not keys:
+        return None
     closest = difflib.get_close_matches(metric, keys, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(closest)}?" if closest else f"none of the {len(keys)} result keys is close"
     return (f"no trial has reported the sweep's metric {metric!r} ({hint}): schedulers, searchers and the "
