@@ -66,7 +66,7 @@ class SweepResult:
         return {
             "run_dir": self.run_dir, "experiment": self.experiment, "tracking_uri": self.tracking_uri,
             "parent_run_id": self.parent_run_id, "metric": self.metric, "mode": self.mode,
-            "interrupted": self.interrupted,
+            "interrupted": self.interrupted, "missing_metric": self.missing_metric,
             "best_trial_id": self.best.trial_id if self.best else None,
             "trials": [t.__dict__ for t in self.ranked()],
         }
