@@ -157,6 +157,16 @@ def test_train_no_tracking_writes_nothing_to_mlflow(ray_session, tmp_path, monke
     assert not (tmp_path / "env.db").exists() and not (tmp_path / ".haepo" / "mlflow.db").exists()
 
 
+def test_train_refuses_more_cpus_than_its_ray_has(ray_session, tmp_path, monkeypatch, capsys):
+    """3 env runners and the main process on the session's 2-CPU Ray: RLlib's env runners would
+    wait for ever; the command says so instead (on the session's Ray, as above)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
+    assert main(["train", "--env", "haepo/ChainMDP-v0", "--set", "num_env_runners=3", "--no-tracking"]) == 2
+    assert "haepo train: error: HAEPO asks for 4 CPUs (its main process, env runners and learners), but the " \
+           "local Ray has 2 (--num-cpus): it would wait for ever." in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("algo", ["DPO", "GRPO"])
 def test_train_knows_the_baselines(algo):
     from haepo_ray.cli.train import train_config

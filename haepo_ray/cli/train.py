@@ -102,6 +102,21 @@ def _progress_line(result: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def _require_resources(args: argparse.Namespace, config, have: dict[str, float]) -> None:
+    """A UsageError when the algorithm asks the local Ray for more CPUs or GPUs than it has:
+    its env runners or learners would wait for ever."""
+    from haepo_ray.rl.configs import requested_resources
+
+    for resource, asked in requested_resources(config).items():
+        if resource in ("CPU", "GPU") and asked > have.get(resource, 0.0):
+            raise UsageError(
+                f"{args.algo} asks for {asked:g} {resource}s (its main process, env runners and learners), but "
+                f"the local Ray has {have.get(resource, 0.0):g}"
+                + (" (--num-cpus)" if resource == "CPU" else "") + ": it would wait for ever. Ask for fewer "
+                f"(--set num_env_runners=..., num_cpus_per_env_runner, num_gpus_per_learner)"
+                + (" or give Ray more with --num-cpus" if resource == "CPU" else ""))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     configure_logging()
     stop = stop_spec(args)
@@ -116,6 +131,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    _require_resources(args, config, ray.cluster_resources())
     run = None if args.no_tracking else _start_run(args, config, stop, name)
     algo, status, checkpoint, error = None, "FAILED", None, None
     try:

@@ -93,6 +93,16 @@ def apply_resources(config: AlgorithmConfig, cpus: float, gpus: float) -> Algori
     return config
 
 
+def requested_resources(config: AlgorithmConfig) -> dict[str, float]:
+    """What an algorithm of ``config`` asks Ray for in all (its main process, env runners and
+    learners: the sum of its placement group's bundles), each resource it asks for."""
+    total: dict[str, float] = {}
+    for bundle in config.algo_class.default_resource_request(config).bundles:
+        for key, value in bundle.items():
+            total[key] = total.get(key, 0) + value
+    return {k: v for k, v in total.items() if v}
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

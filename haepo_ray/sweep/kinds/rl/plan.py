@@ -109,12 +109,7 @@ class RLPlan(Plan):
 
     def trial_resources(self, values: dict[str, Any] | None = None) -> dict[str, float]:
         """Total resources one trial asks Ray for (main process + env runners + learners)."""
-        pgf = self.algo_cls.default_resource_request(self.trial_config(values or {}, validate=False))
-        total: dict[str, float] = {}
-        for bundle in pgf.bundles:
-            for key, value in bundle.items():
-                total[key] = total.get(key, 0) + value
-        return {k: v for k, v in total.items() if v}
+        return configs.requested_resources(self.trial_config(values or {}, validate=False))
 
     def fitted(self, cluster: Cluster) -> RLPlan:
         """This plan, once ``cluster`` can run its trials: trials that ask a local Ray for more
