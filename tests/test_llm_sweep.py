@@ -396,6 +396,26 @@ def test_gpu_trials_fail_at_start_on_a_local_ray_without_gpus(ray_session, tmp_p
     assert not list(tmp_path.iterdir())  # nothing started
 
 
+def test_a_relative_data_file_is_read_from_where_the_sweep_starts(tmp_path, monkeypatch):
+    """Tune starts each trial in its own folder: a relative tldr:PATH reaches the trials made
+    absolute, from the folder the sweep starts in; one that is not there is refused at start
+    on the embedded Ray (on a cluster the path is the nodes' business)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "posts.jsonl").write_text(json.dumps({"post": "a post", "summary": "a tl;dr"}) + "\n")
+    plan = parse_plan(smoke_spec(llm={"data": "tldr:data/posts.jsonl"}), "rel.yaml")
+    assert plan.base_config["data"] == f"tldr:{tmp_path / 'data' / 'posts.jsonl'}"
+    assert plan.spec.llm.data == "tldr:data/posts.jsonl"  # MLflow tags what the spec says
+    plan.fitted(Cluster(gpus=0.0, embedded=True, cpus=2.0))
+    for data in ("tldr:data/missing.jsonl", f"tldr:{tmp_path / 'missing.parquet'}"):
+        missing = parse_plan(smoke_spec(llm={"data": data}), "rel.yaml")
+        with pytest.raises(SpecError, match=r"rel\.yaml: llm\.data: .*missing\.(jsonl|parquet) does not exist"):
+            missing.fitted(Cluster(gpus=0.0, embedded=True, cpus=2.0))
+        missing.fitted(Cluster(gpus=0.0, embedded=False, cpus=2.0))  # a cluster's nodes may have it
+    hub = parse_plan(smoke_spec(llm={"data": "tldr:CarperAI/openai_summarize_tldr"}), "hub.yaml")
+    assert hub.base_config["data"] == "tldr:CarperAI/openai_summarize_tldr"  # a datasets id stays one
+
+
 @pytest.mark.parametrize("spec, asks", [
     (smoke_spec(llm={"num_workers": 2, "cpus_per_worker": 1.5}), "3.25 CPUs (resources.cpus, and llm.num_workers x llm.cpus_per_worker)"),
     ({"algorithm": "HAEPO", "env": "haepo/ChainMDP-v0", "resources": {"cpus": 3}, "stop": {"iterations": 1}},

@@ -306,15 +306,18 @@ def test_new_stack_metrics_are_not_taken_for_old_ones():
 def test_a_missing_metric_names_the_closest_result_keys():
     from haepo_ray.sweep.metric_watch import missing_metric
 
+    step = "training_iteration"
     result = {"env_runners": {"episode_return_mean": 1.0, "episode_return_meen": math.nan, "num_episodes": 4},
-              "config": {"episode_return_meen": 1.0}, "timers": {"training_step": 0.1}}
-    said = missing_metric("env_runners/episode_return_meen", [result, None])
+              "config": {"episode_return_meen": 1.0}, "timers": {"training_step": 0.1}, step: 2}
+    said = missing_metric("env_runners/episode_return_meen", step, [result, None])
     assert said.startswith("no trial has reported the sweep's metric 'env_runners/episode_return_meen' (did you "
                            "mean env_runners/episode_return_mean or env_runners/num_episodes?)"), said  # not config/
-    assert missing_metric("env_runners/episode_return_mean", [result]) is None  # one result holds it
-    assert missing_metric("x", [None, {}]) is None  # no keys to go by
-    assert missing_metric("x", [{"trial_id": "a", "config": {"lr": 0.1}}]) is None  # no trial has reported yet
-    assert "(none of the 1 result keys is close)" in missing_metric("zzz", [{"timers": {"training_step": 0.1}}])
+    assert missing_metric("env_runners/episode_return_mean", step, [result]) is None  # one result holds it
+    assert missing_metric("x", step, [None, {}]) is None  # no keys to go by
+    # no trial has reported a step: not started, or failed at start (Tune's result of an error)
+    assert missing_metric("x", step, [{"trial_id": "a", "done": True, "config": {"lr": 0.1}}]) is None
+    assert "(none of the 2 result keys is close)" in missing_metric("zzz", step, [{"timers": {"training_step": 0.1},
+                                                                                 step: 1}])
 
 
 def test_conflicting_settings(tmp_path):

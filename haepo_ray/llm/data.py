@@ -26,6 +26,7 @@ __all__ = [
     "Example",
     "Splits",
     "check_disjoint",
+    "data_file",
     "format_prompt",
     "load_aclsum",
     "load_examples",
@@ -124,7 +125,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
     path = Path(path_or_id)
-    if path.suffix == ".jsonl" or path.suffix == ".json":
+    if path.suffix in (".jsonl", ".json"):
         if not path.is_file():
             raise ValueError(f"TL;DR file {path} does not exist")
         yield from _jsonl_rows(path)
@@ -174,6 +175,17 @@ def load_tldr(path_or_id: str, split: str = "train") -> list[Example]:
     if not examples:
         raise ValueError(f"TL;DR data {path_or_id!r} has no rows")
     return examples
+
+
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # tldr:PATH read as a local file, not a datasets id
+
+
+def data_file(data: str) -> Path | None:
+    """The local file of ``tldr:PATH`` data (a :data:`DATA_FILE_SUFFIXES` path); None for
+    ACLSum and a ``datasets`` id."""
+    kind, sep, target = data.partition(":")
+    path = Path(target)
+    return path if kind == "tldr" and sep and path.suffix in DATA_FILE_SUFFIXES else None
 
 
 def load_examples(data: str, aspect: str = "all") -> list[Example]:

@@ -26,16 +26,15 @@ __all__ = ["MetricWatch", "missing_metric"]
 logger = logging.getLogger(__name__)
 
 
-def missing_metric(metric: str, results: Iterable[Mapping[str, Any] | None]) -> str | None:
+def missing_metric(metric: str, step_key: str, results: Iterable[Mapping[str, Any] | None]) -> str | None:
     """What to say when none of ``results`` (trials' last results) holds a value of
-    ``metric``; None when one does, or when none has a metric to go by (no trial reported)."""
-    results = [r for r in results if r]
-    if any(metric_value(r, metric) is not None for r in results):
+    ``metric``; None when one does, or when no trial reported a step (``step_key``): a trial
+    that failed at start, or has not reported yet, has no keys to go by."""
+    results = [r for r in results if r and metric_value(r, step_key) is not None]
+    if not results or any(metric_value(r, metric) is not None for r in results):
         return None
     keys = sorted({key for r in results for key, value in flatten(r).items()
                    if not key.startswith("config/") and key != metric and isinstance(value, (int, float))})
-    if not keys:
-        return None
     closest = difflib.get_close_matches(metric, keys, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(closest)}?" if closest else f"none of the {len(keys)} result keys is close"
     return (f"no trial has reported the sweep's metric {metric!r} ({hint}): schedulers, searchers and the "
@@ -43,16 +42,17 @@ def missing_metric(metric: str, results: Iterable[Mapping[str, Any] | None]) -> 
 
 
 class MetricWatch(Callback):
-    """Warns (once) when a trial ends and no result so far has reported ``metric``."""
+    """Warns (once) when a trial ends and no result so far has reported ``metric``
+    (``step_key``: what counts a trial's steps, :attr:`~haepo_ray.sweep.plan_base.Plan.step_key`)."""
 
-    def __init__(self, metric: str) -> None:
-        self.metric = metric
+    def __init__(self, metric: str, step_key: str) -> None:
+        self.metric, self.step_key = metric, step_key
         self.reported = False
         self.warning: str | None = None
 
     def __reduce__(self):
         # Tune pickles its callbacks into tuner.pkl: a new watch, never this run's state.
-        return type(self), (self.metric,)
+        return type(self), (self.metric, self.step_key)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.reported = self.reported or metric_value(result, self.metric) is not None
@@ -60,6 +60,6 @@ class MetricWatch(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         if self.reported or self.warning is not None:
             return
-        self.warning = missing_metric(self.metric, [trial.last_result])
+        self.warning = missing_metric(self.metric, self.step_key, [trial.last_result])
         if self.warning:
             logger.warning("%s (trial %s ended without it)", self.warning, trial.trial_id)

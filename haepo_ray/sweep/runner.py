@@ -310,7 +310,7 @@ def run_sweep(
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
         callbacks = ([callback] if callback else []) + list(extra_callbacks or []) \
-            + [recorder, watch, MetricWatch(spec.metric)] \
+            + [recorder, watch, MetricWatch(spec.metric, plan.step_key)] \
             + result_loggers() + tune_internals.sweep_callbacks()
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 

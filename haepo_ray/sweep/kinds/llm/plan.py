@@ -33,6 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from haepo_ray import names
+from haepo_ray.llm.data import data_file
 from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.cluster import Cluster, require_resources
 from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, trial_settings
@@ -99,7 +100,7 @@ class LLMPlan(Plan):
         if errors:
             raise SpecError("\n".join(errors))
         llm = spec.llm
-        base = {**fields, "algo": spec.algorithm or "HAEPO", "model": llm.model, "data": llm.data,
+        base = {**fields, "algo": spec.algorithm or "HAEPO", "model": llm.model, "data": _trial_data(llm.data),
                 "device": "cpu", **_renamed(spec.settings)}
         base[RAY_TRAIN] = {
             "num_workers": llm.num_workers,
@@ -212,6 +213,10 @@ class LLMPlan(Plan):
         refused (SpecError naming each); trials that ask a local Ray for more CPUs or GPUs
         than it has fail."""
         spec, llm = self.spec, self.spec.llm
+        file = data_file(self.base_config["data"])
+        if cluster.embedded and file is not None and not file.is_file():
+            raise SpecError(f"{spec.source or '<spec>'}: llm.data: {file} does not exist (from {llm.data!r}, a path "
+                            "from the folder the sweep starts in)")
         require_resources(spec, self.trial_resources(), cluster, gpus_from="llm.use_gpu",
                           cpu_fix="set llm.use_gpu: false",
                           cpus_from="resources.cpus, and llm.num_workers x llm.cpus_per_worker")
@@ -371,6 +376,13 @@ def _worker_resources(spec: LLMSweepSpec) -> dict[str, float | str]:
     if llm.use_gpu:
         resources["GPU"] = llm.gpus_per_worker if llm.gpus_per_worker is not None else 1.0
     return resources
+
+
+def _trial_data(data: str) -> str:
+    """``llm.data`` as the trials get it: a relative ``tldr:PATH`` file made absolute, from the
+    folder the sweep starts in (Tune starts each trial in its own folder)."""
+    file = data_file(data)
+    return f"tldr:{file.resolve()}" if file is not None and not file.is_absolute() else data
 
 
 def _trial_config(given: dict) -> dict:

@@ -23,7 +23,7 @@ class LLMSpec(SpecModel):
     refused (``fit: refuse``)."""
 
     model: str = Field(min_length=1)
-    data: str = Field("aclsum", min_length=1)
+    data: str = Field("aclsum", min_length=1)  # aclsum | tldr:FILE (.jsonl/.parquet; relative: to the cwd) | tldr:ID
     num_workers: int = Field(1, ge=0)
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0)
