@@ -35,10 +35,6 @@ class InterruptWatch(Callback):
         # Tune pickles its callbacks into tuner.pkl: a new watch, never this run's state.
         return type(self), ()
 
-    @property
-    def interrupted(self) -> bool:
-        return self.statuses is not None
-
     def at_interrupt(self) -> Mapping[str, str] | None:
         """:attr:`statuses`, as a function (what :class:`haepo_ray.tracking.MLflowSweepCallback` asks)."""
         return self.statuses

@@ -30,10 +30,10 @@ def missing_metric(metric: str, step_key: str, results: Iterable[Mapping[str, An
     """What to say when none of ``results`` (trials' last results) holds a value of
     ``metric``; None when one does, or when no trial reported a step (``step_key``): a trial
     that failed at start, or has not reported yet, has no keys to go by."""
-    results = [r for r in results if r and metric_value(r, step_key) is not None]
-    if not results or any(metric_value(r, metric) is not None for r in results):
+    reported = [flat for flat in (flatten(r) for r in results if r) if metric_value(flat, step_key) is not None]
+    if not reported or any(metric_value(flat, metric) is not None for flat in reported):
         return None
-    keys = sorted({key for r in results for key, value in flatten(r).items()
+    keys = sorted({key for flat in reported for key, value in flat.items()
                    if not key.startswith("config/") and key != metric and isinstance(value, (int, float))})
     closest = difflib.get_close_matches(metric, keys, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(closest)}?" if closest else f"none of the {len(keys)} result keys is close"

@@ -123,7 +123,8 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
             num_failures=int(getattr(trial, "num_failures", 0) or 0),
             error=_error_line(trial) if trial.status == "ERROR" else None,
         ))
-    result.missing_metric = missing_metric(spec.metric, plan.step_key, [trial.last_result for trial in trials])
+    if all(t.value is None for t in result.trials):  # the values are the trials' last results' metric
+        result.missing_metric = missing_metric(spec.metric, plan.step_key, [trial.last_result for trial in trials])
     return result
 
 
