@@ -31,6 +31,10 @@ Where things go, decided on the head node:
 - the patch setting: this shell's ``HAEPO_PATCHES``, where set, is the job's (its driver's and
   every actor's, through the job's runtime environment; ``--env`` overrides it).
 
+``haepo stop`` is Ray's job stop: SIGTERM to the driver, which stops the sweep as a Ctrl-C does
+(Tune saves its state, the running trials' MLflow runs and the parent end KILLED, ``--resume``
+continues it), and SIGKILL :data:`STOP_WAIT_S` later if it has not ended.
+
 Authentication (Ray token authentication), first that is set: ``--auth-token-file``,
 ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``; sent as
 ``Authorization: Bearer <token>``. The address: ``--address``, else ``RAY_API_SERVER_ADDRESS``,
@@ -65,6 +69,10 @@ CONNECT_TIMEOUT_S = 10.0
 WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", ".haepo", "mlruns", "__pycache__", "*.egg-info",
                         ".pytest_cache", "node_modules"]
 LOCAL_URI_SCHEMES = ("sqlite", "file", "")
+# How long Ray's job supervisor waits after ``haepo stop``'s SIGTERM before its SIGKILL (Ray's
+# default: 3 s). The sweep ends within a few seconds, and ends itself without Ray after
+# haepo_ray.sweep.interrupt.SIGTERM_GRACE_S (20 s); ``--env RAY_JOB_STOP_WAIT_TIME_S=S`` overrides it.
+STOP_WAIT_S = 30
 
 
 class JobError(ValueError):
@@ -292,7 +300,7 @@ def build_submission(args: SubmitOptions) -> Submission:
     cmd = ["python", "-m", "haepo_ray.cli"] if args.py_modules else ["haepo"]
     cmd += ["sweep", spec_arg, "--address", "auto", "--quiet"]
 
-    env_vars = {"PYTHONUNBUFFERED": "1"}
+    env_vars = {"PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S)}
     if PATCHES_SETTING in os.environ:  # the driver and the trials' actors check and apply patches under it
         env_vars[PATCHES_SETTING] = os.environ[PATCHES_SETTING]
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")

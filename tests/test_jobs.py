@@ -14,6 +14,7 @@ from helpers import CLIENT_ENV_DROP, free_port, run_jobs_main, write_spec
 
 from haepo_ray import jobs
 from haepo_ray.cli import jobs as jobs_cli
+from haepo_ray.sweep.interrupt import SIGTERM_GRACE_S
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tune_configs" / "smoke.yaml"
@@ -108,6 +109,8 @@ def test_submission_packages_the_spec_and_routes_tracking_and_storage(tmp_path, 
         env = sub.runtime_env["env_vars"]
         assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
         assert env["MY_FLAG"] == "on" and env["OTHER"] == "1"
+        # haepo stop: Ray waits for the sweep to end itself after SIGTERM, which it does within its grace
+        assert int(env["RAY_JOB_STOP_WAIT_TIME_S"]) == jobs.STOP_WAIT_S > SIGTERM_GRACE_S
         assert sub.runtime_env["pip"] == ["rich"]
         assert sub.metadata["haepo.experiment"] == "unit"
         assert sub.submission_id.startswith("haepo-unit-")

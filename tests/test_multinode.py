@@ -228,6 +228,48 @@ def _iterations_logged(storage: str, experiment: str, trial_id: str) -> list[int
 
 
 @pytest.mark.timeout(900)
+def test_haepo_stop_ends_a_sweep_as_ctrl_c_and_a_resumed_submission_finishes_it(cluster, tmp_path):
+    """`haepo stop` (Ray's SIGTERM to the driver alone): Tune saves the sweep, the job ends
+    STOPPED, the running trials' runs and the parent KILLED; `haepo submit --resume` finishes
+    it from the trials' checkpoints, each (run, metric, step) once. Two trials, one per worker."""
+    spec = write_spec(tmp_path / "stop.yaml", "stop-resume", iterations=20, lrs=(0.05,),
+                      extra_settings={"min_time_s_per_iteration": 0.5})
+    submit = haepo_cmd("submit", str(spec), "--address", cluster.dashboard, "--tracking-uri", cluster.mlflow,
+                       "--storage-path", cluster.storage)
+    out = subprocess.run(submit, env=cluster.env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.splitlines()[0].strip()
+    sdk = cluster.sdk()
+    deadline = time.monotonic() + 300
+    while not [1 for _, _, it in _child_progress(cluster.mlflow, "stop-resume") if it >= 4]:
+        status = sdk.get_job_status(job_id).value
+        assert status in ("PENDING", "RUNNING") and time.monotonic() < deadline, \
+            f"job {status}, no trial past 4 iterations:\n{sdk.get_job_logs(job_id)[-4000:]}"
+        time.sleep(0.5)
+    start = time.monotonic()
+    stop = subprocess.run(haepo_cmd("stop", job_id, "--address", cluster.dashboard), env=cluster.env(),
+                          capture_output=True, text=True, timeout=120)
+    print(f"haepo stop: {time.monotonic() - start:.1f} s")
+    assert stop.returncode == 0 and f"job {job_id} STOPPED" in stop.stdout, stop.stdout + stop.stderr
+    logs = sdk.get_job_logs(job_id)
+    assert "sweep interrupted (SIGTERM): " in logs and "and Ray with it" not in logs, logs[-4000:]
+    parent, children = _sweep_runs(cluster.mlflow, "stop-resume")
+    assert parent.info.status == "KILLED"
+    assert "KILLED" in {c.info.status for c in children} and "RUNNING" not in {c.info.status for c in children}
+
+    out = subprocess.run(submit + ["--resume", "--follow"], env=cluster.env(), capture_output=True, text=True,
+                         timeout=500)
+    assert out.returncode == 0, f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    parent, children = _sweep_runs(cluster.mlflow, "stop-resume")
+    assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
+    from mlflow.tracking import MlflowClient
+
+    for child in children:
+        history = MlflowClient(cluster.mlflow).get_metric_history(child.info.run_id, "training_iteration")
+        assert sorted(m.step for m in history) == list(range(1, 21)), "every step logged once"
+
+
+@pytest.mark.timeout(900)
 def test_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path, capsys, monkeypatch):
     """A worker node is SIGKILLed (its whole session, by pid) while it runs a trial that has
     checkpoints; the sweep finishes, the lost trial is retried from its last checkpoint on the

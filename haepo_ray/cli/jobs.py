@@ -12,6 +12,7 @@ from collections.abc import Callable
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
 from haepo_ray.cli.errors import INTERRUPTED, UsageError
 from haepo_ray.jobs import (
+    STOP_WAIT_S,
     TERMINAL,
     JobError,
     JobsClient,
@@ -104,9 +105,11 @@ def add_parsers(subparsers) -> None:
     logs.set_defaults(func=cmd_logs)
 
     stop = subparsers.add_parser("stop", help="stop a running job",
-                                 description="Stop JOB: SIGTERM to its driver (the sweep, which "
-                                             "ends its trials and marks its MLflow runs KILLED), "
-                                             "SIGKILL after Ray's grace period.")
+                                 description="Stop JOB: SIGTERM to its driver, the sweep, which stops "
+                                             "as on Ctrl-C (Tune saves its state, the running trials' "
+                                             "MLflow runs and the parent end KILLED; haepo submit "
+                                             "--resume continues it); SIGKILL if it has not ended "
+                                             f"{STOP_WAIT_S} s later.")
     stop.add_argument("job", metavar="JOB", help="a job id, as haepo submit printed it")
     _add_connection(stop)
     stop.add_argument("--no-wait", action="store_true", help="do not wait until the job has ended")

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -42,9 +43,9 @@ def add_parser(subparsers) -> None:
     add_storage_path(p)
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--quiet", action="store_true", help="no live trial table, only the summary")
-    p.epilog = ("Ctrl-C stops the sweep: Ray Tune saves its state, the runs of the trials it stops end KILLED "
-                "in MLflow, and the exit status is 130; the same command with --resume continues it. Exit "
-                "status 1: a trial failed; 2: a bad spec or option.")
+    p.epilog = ("Ctrl-C (or SIGTERM: haepo stop, kill) stops the sweep: Ray Tune saves its state, the runs of "
+                "the trials it stops end KILLED in MLflow, and the exit status is 130 (143 for SIGTERM); the "
+                "same command with --resume continues it. Exit status 1: a trial failed; 2: a bad spec or option.")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -85,6 +86,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print("\nhaepo sweep: interrupted before Ray Tune saved the sweep's state: the same command with "
               "--resume continues it from the last state Tune saved, if it saved one", file=sys.stderr)
         return INTERRUPTED
-    if result.interrupted:
-        return INTERRUPTED
+    if result.interrupted:  # 128 + the signal, as a shell reports a command that signal ended
+        return 128 + signal.Signals[result.interrupted_by].value
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0

@@ -51,7 +51,8 @@ class SweepResult:
     trials: list[TrialSummary] = field(default_factory=list)
     not_logged: list = field(default_factory=list)
     result_grid: Any = None
-    interrupted: bool = False  # Ctrl-C: Tune saved its state, and --resume continues the sweep
+    interrupted: bool = False  # Ctrl-C or SIGTERM: Tune saved its state, and --resume continues the sweep
+    interrupted_by: str | None = None  # the signal's name (SIGINT, SIGTERM, SIGUSR1)
     missing_metric: str | None = None  # no trial reported the metric: what to say (metric_watch)
 
     @property
@@ -66,7 +67,8 @@ class SweepResult:
         return {
             "run_dir": self.run_dir, "experiment": self.experiment, "tracking_uri": self.tracking_uri,
             "parent_run_id": self.parent_run_id, "metric": self.metric, "mode": self.mode,
-            "interrupted": self.interrupted, "missing_metric": self.missing_metric,
+            "interrupted": self.interrupted, "interrupted_by": self.interrupted_by,
+            "missing_metric": self.missing_metric,
             "best_trial_id": self.best.trial_id if self.best else None,
             "trials": [t.__dict__ for t in self.ranked()],
         }
@@ -92,10 +94,11 @@ def _error_line(trial) -> str:
 
 
 def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment: str,
-              at_interrupt: Mapping[str, str] | None = None) -> SweepResult:
+              at_interrupt: Mapping[str, str] | None = None, interrupted_by: str | None = None) -> SweepResult:
     """One :class:`TrialSummary` per Tune trial (in creation order). ``at_interrupt``: the
-    trials' statuses when the sweep was interrupted (:mod:`haepo_ray.sweep.interrupt`); a trial
-    running then is ``INTERRUPTED`` (Tune marks it TERMINATED as it stops it)."""
+    trials' statuses when the sweep was interrupted by the signal ``interrupted_by``
+    (:mod:`haepo_ray.sweep.interrupt`); a trial running then is ``INTERRUPTED`` (Tune marks it
+    TERMINATED as it stops it)."""
     spec = plan.spec
     result = SweepResult(
         run_dir=run_dir, experiment=experiment,
@@ -104,7 +107,7 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
         experiment_id=callback.experiment_id if callback else None,
         metric=spec.metric, mode=spec.mode, result_grid=grid,
         not_logged=list(callback.not_logged) if callback else [],
-        interrupted=at_interrupt is not None,
+        interrupted=at_interrupt is not None, interrupted_by=interrupted_by,
     )
     for trial in trials:
         last = trial.last_result or {}
@@ -132,7 +135,7 @@ def format_summary(result: SweepResult, top: int = 10) -> str:
     if result.interrupted:
         finished = sum(t.status == "TERMINATED" for t in result.trials)
         stopped = sum(t.status == INTERRUPTED for t in result.trials)
-        lines = [f"sweep interrupted: {finished} trials finished, {stopped} stopped while running; results in "
+        lines = [f"sweep interrupted ({result.interrupted_by}): {finished} trials finished, {stopped} stopped while running; results in "
                  f"{result.run_dir}",
                  "Tune saved its state: the same command with --resume continues the sweep (a stopped trial "
                  "from its last checkpoint)"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -214,6 +215,17 @@ def result_loggers() -> list:
     return [JsonLoggerCallback()]
 
 
+def _end_after_sigterm(callback, trials: list, out: TextIO) -> None:
+    """Ends a sweep that Ray can no longer end after a SIGTERM (Ray's own processes got it too):
+    the MLflow runs of the running trials and the parent end KILLED, then the process, 143."""
+    if callback is not None:
+        callback.on_experiment_end(trials=trials)
+    print("sweep interrupted (SIGTERM), and Ray with it: Tune saved its state at the signal; the same "
+          "command with --resume continues the sweep (a stopped trial from its last checkpoint)", file=out, flush=True)
+    sys.stderr.flush()
+    os._exit(128 + signal.SIGTERM)
+
+
 def _fit(tuner):
     """``tuner.fit()`` with Tune's classic output (its newer output prints every trial's
     whole config, hundreds of RLlib keys, at start; the classic reporter shows the table of
@@ -299,7 +311,7 @@ def run_sweep(
             name, run_dir = new_run_dir(root)
 
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
-        watch = InterruptWatch()
+        watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(callback, trials, out))
         if track:
             p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
             callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
@@ -331,7 +343,8 @@ def run_sweep(
             watch.release()
             if callback is not None:
                 callback.close(status="KILLED")  # no-op when Tune ended the experiment itself
-        result = results.summarize(plan, recorder.trials, grid, callback, run_dir, experiment, watch.statuses)
+        result = results.summarize(plan, recorder.trials, grid, callback, run_dir, experiment,
+                                   watch.statuses, watch.signal)
         p(results.format_summary(result))  # (what MLflow missed was logged as a warning, to stderr)
         results.write_summary(run_dir, result)
         return result
