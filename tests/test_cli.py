@@ -4,14 +4,17 @@ without tracking), and training as a real subprocess."""
 from __future__ import annotations
 
 import fnmatch
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import kill_tree, sqlite_store
 
 from haepo_ray.cli import main
+from haepo_ray.cli.errors import sigterm_as_ctrl_c
 from haepo_ray.envs import registered_envs
 
 
@@ -119,8 +122,13 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
 
 
-def test_ctrl_c_ends_train_with_130_and_its_run_killed(tmp_path):
-    """A Ctrl-C (SIGINT to the command) mid-training: no traceback, exit 130, the run KILLED."""
+@pytest.mark.parametrize("sig, code, said", [
+    (signal.SIGINT, 130, "interrupted"),
+    pytest.param(signal.SIGTERM, 143, "terminated", marks=pytest.mark.slow),  # fast: the test below
+])
+def test_ctrl_c_or_sigterm_ends_train_with_its_run_killed(tmp_path, sig, code, said):
+    """A Ctrl-C (SIGINT to the command), or SIGTERM (kill, a job's stop), mid-training: no
+    traceback (no abort in Ray's SIGTERM handler), exit 130 or 143, the run KILLED."""
     uri = sqlite_store(tmp_path / "mlflow.db")
     proc = subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", "train", "--env", "haepo/ChainMDP-v0",
                              "--stop-iters", "100000", "--num-cpus", "1", "--tracking-uri", uri, "--experiment", "c"],
@@ -129,18 +137,40 @@ def test_ctrl_c_ends_train_with_130_and_its_run_killed(tmp_path):
         for line in proc.stdout:  # the second iteration: training, and its run logging
             if line.startswith("iter") and int(line.split()[1]) == 2:
                 break
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         kill_tree(proc.pid)
-    assert proc.returncode == 130, err[-3000:]
-    assert err.rstrip().endswith("haepo train: interrupted") and "Traceback" not in err, err[-3000:]
+    assert proc.returncode == code, err[-3000:]
+    assert err.rstrip().endswith(f"haepo train: {said}") and "Traceback" not in err, err[-3000:]
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("c").experiment_id])
     assert run.info.status == "KILLED"
+
+
+def test_sigterm_after_sigterm_as_ctrl_c_ends_a_command_as_ctrl_c_with_143(monkeypatch, capsys):
+    """What haepo train installs after ray.init: SIGTERM raises Terminated, a KeyboardInterrupt
+    (so it ends what a Ctrl-C ends); the command says so and exits 143; a second SIGTERM would
+    end the process at once."""
+    from haepo_ray import cli
+
+    def command(args):
+        sigterm_as_ctrl_c()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises first
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "cmd_version", command)
+    try:
+        assert cli.main(["version"]) == 143
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert capsys.readouterr().err.strip() == "haepo version: terminated"
 
 
 def test_train_no_tracking_writes_nothing_to_mlflow(ray_session, tmp_path, monkeypatch, capsys):

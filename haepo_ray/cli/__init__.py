@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from haepo_ray import __version__
-from haepo_ray.cli.errors import INTERRUPTED, UsageError
+from haepo_ray.cli.errors import INTERRUPTED, TERMINATED, Terminated, UsageError
 
 __all__ = ["UsageError", "main", "make_parser"]
 
@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"haepo {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: what the command was writing ended as its handlers say
-        print(f"\nhaepo {args.command}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as err:  # Ctrl-C: what the command was writing ended as its handlers say
+        print(f"\nhaepo {args.command}: " + ("terminated" if isinstance(err, Terminated) else "interrupted"),
+              file=sys.stderr)
+        return TERMINATED if isinstance(err, Terminated) else INTERRUPTED

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from haepo_ray import names
 from haepo_ray.cli.args import add_experiment, add_tracking_uri
-from haepo_ray.cli.errors import UsageError, configure_logging
+from haepo_ray.cli.errors import UsageError, configure_logging, sigterm_as_ctrl_c
 from haepo_ray.sweep.spec import StopSpec
 
 DEFAULT_EXPERIMENT = "train"
@@ -131,6 +131,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    sigterm_as_ctrl_c()  # the run ends KILLED, not aborted in Ray's handler
     _require_resources(args, config, ray.cluster_resources())
     run = None if args.no_tracking else _start_run(args, config, stop, name)
     algo, status, checkpoint, error = None, "FAILED", None, None
