@@ -223,6 +223,11 @@ def test_rayjob_runs_a_sweep_spec_on_the_cluster():
     head_env = {e["name"]: e for e in _containers(rc["spec"]["headGroupSpec"])[0]["env"]}
     assert storage == head_env["HAEPO_STORAGE_PATH"]["value"]
     assert "COPY --chown=ray:users tune_configs" in (CLUSTER / "docker" / "Dockerfile").read_text()
+    # a stopped RayJob's driver gets the time haepo submit's jobs get to end its sweep after SIGTERM
+    from haepo_ray.jobs import STOP_WAIT_S
+
+    env_vars = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env_vars["RAY_JOB_STOP_WAIT_TIME_S"] == str(STOP_WAIT_S)
 
 
 def test_kubernetes_documents_are_well_formed():
