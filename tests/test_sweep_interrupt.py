@@ -101,10 +101,23 @@ def test_a_sweep_that_was_not_interrupted_says_it_finished(ray_session, tmp_path
     assert statuses(uri, "whole")[0] == "FINISHED"
 
 
+class SlowEnd(tune.Callback):
+    """An end that takes ``seconds`` (as MLflow's flush of a backlog may)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_experiment_end(self, trials, **info):
+        time.sleep(self.seconds)
+
+
 def test_sigterm_stops_the_sweep_as_ctrl_c_does(ray_session, tmp_path, monkeypatch):
     """SIGTERM (haepo stop, kill) goes to Tune's handler: Tune's stop, said as SIGTERM, and the
-    SIGTERM handler found before the sweep is back after it."""
+    SIGTERM handler found before the sweep is back after it. The grace covers Tune's stop of
+    the trials, not the callbacks' ends after it: a slow one is not cut short (which would end
+    this process, 143)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HAEPO_SIGTERM_GRACE_S", "4")  # Tune stops the trial in 0.6 s (idle)
     uri = sqlite_store(tmp_path / "mlflow.db")
     found = []
 
@@ -116,7 +129,7 @@ def test_sigterm_stops_the_sweep_as_ctrl_c_does(ray_session, tmp_path, monkeypat
         term = CtrlC(index=0, at=2, sig=signal.SIGTERM)
         result = run_sweep(parse_plan(tiny("term", ITERATIONS), "term.yaml"), tracking_uri=uri,
                            storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0,
-                           extra_callbacks=[term])
+                           extra_callbacks=[term, SlowEnd(6.0)])
         assert term.sent and found == [], "the watch took the SIGTERM"
         assert signal.getsignal(signal.SIGTERM) is ray_handler, "the handler found before the sweep is back"
     finally:

@@ -13,9 +13,10 @@ SIGTERM, what Ray Jobs (``haepo stop``), Kubernetes, SLURM and ``kill`` send, is
 driver aborted in Ray's handler with every running trial's MLflow run left RUNNING. The watch
 hands the first SIGTERM to Tune's handler as well, and puts back the one it found for a second.
 Where Ray's own processes got it too (a signal to the whole process group: SLURM's ``scancel``,
-an embedded Ray), Tune saves its state but then waits on Ray for a minute and dies without
-ending anything; so a sweep that has not ended :data:`SIGTERM_GRACE_S` after a SIGTERM is handed
-to ``on_stuck``, from a thread of the watch's.
+an embedded Ray), Tune saves its state but then waits on Ray for a minute as it stops the
+trials, and dies without ending anything; so a sweep whose trials Tune has not stopped
+:data:`SIGTERM_GRACE_S` after a SIGTERM (the watch's ``on_experiment_end``, which comes after
+that, first of the callbacks') is handed to ``on_stuck``, from a thread of the watch's.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ __all__ = ["InterruptWatch", "SIGNALS", "SIGTERM_GRACE_S"]
 TUNE_SIGNALS = (signal.SIGINT, signal.SIGUSR1)  # the signals Tune 2.60 ends a sweep on, saving its state
 SIGNALS = (*TUNE_SIGNALS, signal.SIGTERM)  # what the watch takes during a sweep
 # A sweep ends within a few seconds of a SIGTERM (Ray Jobs' stop waits 3 s unless told
-# otherwise); SLURM and Kubernetes send SIGKILL 30 s after it.
+# otherwise); SLURM and Kubernetes send SIGKILL 30 s after it, by default. HAEPO_SIGTERM_GRACE_S
+# sets it for haepo sweep (where those are set otherwise).
 SIGTERM_GRACE_S = 20.0
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.interrupt import InterruptWatch
+from haepo_ray.sweep.interrupt import SIGTERM_GRACE_S, InterruptWatch
 from haepo_ray.sweep.metric_watch import MetricWatch
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
@@ -284,6 +284,7 @@ def run_sweep(
 
     from haepo_ray import tracking
     from haepo_ray.envs import register_with_ray
+    from haepo_ray.tracking.retry import env_number
 
     spec = plan.spec
     experiment = experiment or spec.experiment
@@ -311,7 +312,8 @@ def run_sweep(
             name, run_dir = new_run_dir(root)
 
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
-        watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(callback, trials, out))
+        watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(callback, trials, out),
+                               grace_s=env_number("HAEPO_SIGTERM_GRACE_S", SIGTERM_GRACE_S))
         if track:
             p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
             callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
@@ -321,8 +323,10 @@ def run_sweep(
             if callback.start():
                 p(f"MLflow parent run: {callback.parent_run_id}")
         recorder = results.TrialRecorder()
-        callbacks = ([callback] if callback else []) + list(extra_callbacks or []) \
-            + [recorder, watch, MetricWatch(spec.metric, plan.step_key)] \
+        # The watch first: its end (Tune has stopped the trials) comes before MLflow's flush,
+        # which may take longer than a SIGTERM's grace and must not be cut short by it.
+        callbacks = [watch] + ([callback] if callback else []) + list(extra_callbacks or []) \
+            + [recorder, MetricWatch(spec.metric, plan.step_key)] \
             + result_loggers() + tune_internals.sweep_callbacks()
         p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 

@@ -61,7 +61,7 @@ class RetryPolicy:
         ``HAEPO_MLFLOW_BACKOFF_S`` (1.0), ``HAEPO_MLFLOW_TIMEOUT_S`` (30),
         ``HAEPO_MLFLOW_CLOSE_TIMEOUT_S`` (120)."""
         def pick(value, env: str, default: float) -> float:
-            return value if value is not None else _env_number(env, default)
+            return value if value is not None else env_number(env, default)
 
         return cls(retries=int(pick(retries, "HAEPO_MLFLOW_RETRIES", 3)),
                    backoff_s=float(pick(backoff_s, "HAEPO_MLFLOW_BACKOFF_S", 1.0)),
@@ -69,7 +69,9 @@ class RetryPolicy:
                    close_timeout_s=float(pick(close_timeout_s, "HAEPO_MLFLOW_CLOSE_TIMEOUT_S", 120.0)))
 
 
-def _env_number(name: str, default: float) -> float:
+def env_number(name: str, default: float) -> float:
+    """The number in environment variable ``name``; ``default`` where it is unset, empty or not
+    a number (that with a warning)."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
