@@ -48,6 +48,7 @@ UPSTREAM = ("ray", "mlflow", "torch", "transformers", "trl")
 # Underscored names that are documented public API of Python's standard library.
 PUBLIC_UNDERSCORED = {
     "_getframe",  # sys._getframe: documented, CPython's frame access
+    "_exit",  # os._exit: documented, exit without cleanup handlers
     "_replace", "_asdict", "_fields", "_make",  # collections.namedtuple's documented methods
 }
 

@@ -44,8 +44,8 @@ SIGTERM_GRACE_S = 20.0
 
 class InterruptWatch(Callback):
     """Records :attr:`statuses` (trial id -> Tune status) and :attr:`signal` (its name) when a
-    sweep is interrupted. ``on_stuck(trials)``: called with Tune's trials when the sweep has not
-    ended ``grace_s`` after a SIGTERM (it should end the process)."""
+    sweep is interrupted. ``on_stuck(trials)``: called with Tune's trials, from another thread,
+    when Tune has not stopped them ``grace_s`` after a SIGTERM (it should end the process)."""
 
     def __init__(self, on_stuck: Callable[[list], None] | None = None, grace_s: float = SIGTERM_GRACE_S) -> None:
         self.statuses: dict[str, str] | None = None  # None: not interrupted
