@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from haepo_ray.upstream.core import job_stop_wait
 from haepo_ray.upstream.declared import PATCHES_SETTING
 from haepo_ray.uris import is_http_url, is_uri
 
@@ -300,7 +301,7 @@ def build_submission(args: SubmitOptions) -> Submission:
     cmd = ["python", "-m", "haepo_ray.cli"] if args.py_modules else ["haepo"]
     cmd += ["sweep", spec_arg, "--address", "auto", "--quiet"]
 
-    env_vars = {"PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S)}
+    env_vars = {"PYTHONUNBUFFERED": "1", **job_stop_wait(STOP_WAIT_S)}
     if PATCHES_SETTING in os.environ:  # the driver and the trials' actors check and apply patches under it
         env_vars[PATCHES_SETTING] = os.environ[PATCHES_SETTING]
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
