@@ -252,7 +252,7 @@ def test_haepo_stop_ends_a_sweep_as_ctrl_c_and_a_resumed_submission_finishes_it(
     print(f"haepo stop: {time.monotonic() - start:.1f} s")
     assert stop.returncode == 0 and f"job {job_id} STOPPED" in stop.stdout, stop.stdout + stop.stderr
     logs = sdk.get_job_logs(job_id)
-    assert "sweep interrupted (SIGTERM): " in logs and "and Ray with it" not in logs, logs[-4000:]
+    assert "sweep interrupted (SIGTERM): " in logs and "without them" not in logs, logs[-4000:]
     parent, children = _sweep_runs(cluster.mlflow, "stop-resume")
     assert parent.info.status == "KILLED"
     assert "KILLED" in {c.info.status for c in children} and "RUNNING" not in {c.info.status for c in children}

@@ -269,14 +269,18 @@ def test_sigterm_on_haepo_sweep_exits_143_with_or_without_ray_and_resume_finishe
 
     first, seconds = terminate(command, "first.log", whole_group=True)
     print(f"SIGTERM to the process group: ended in {seconds:.1f} s")
-    assert "sweep interrupted (SIGTERM), and Ray with it" in first, first[-3000:]
+    assert "Ray's own processes got the SIGTERM too: the sweep is ended without them\n" \
+           "sweep interrupted (SIGTERM): 0 trials finished, 1 stopped while running" in first, first[-3000:]
+    (run_dir,) = results.glob("cli-term/*")
+    summary = json.loads((run_dir / "haepo_summary.json").read_text())
+    assert (summary["interrupted_by"], [t["status"] for t in summary["trials"]]) == ("SIGTERM", [INTERRUPTED])
     assert SIGTERM_GRACE_S <= seconds < SIGTERM_GRACE_S + 30
     parent, children = statuses(uri, "cli-term")
     assert parent == "KILLED" and list(children.values()) == ["KILLED"]
 
     second, seconds = terminate(command + ["--resume"], "second.log", whole_group=False)
     print(f"SIGTERM to the driver: ended in {seconds:.1f} s")
-    assert "sweep interrupted (SIGTERM): " in second and "and Ray with it" not in second, second[-3000:]
+    assert "sweep interrupted (SIGTERM): " in second and "without them" not in second, second[-3000:]
     assert seconds < SIGTERM_GRACE_S
     parent, children = statuses(uri, "cli-term")
     assert parent == "KILLED" and "KILLED" in children.values() and "RUNNING" not in children.values()

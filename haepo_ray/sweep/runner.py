@@ -215,13 +215,24 @@ def result_loggers() -> list:
     return [JsonLoggerCallback()]
 
 
-def _end_after_sigterm(callback, trials: list, out: TextIO) -> None:
+def _summary(plan: Plan, trials: list, grid, callback, run_dir: str, experiment: str, watch: InterruptWatch,
+             out: TextIO) -> results.SweepResult:
+    """The sweep's summary, printed to ``out`` and written to ``haepo_summary.json``."""
+    result = results.summarize(plan, trials, grid, callback, run_dir, experiment, watch.statuses, watch.signal)
+    print(results.format_summary(result), file=out, flush=True)  # (what MLflow missed: a warning, to stderr)
+    results.write_summary(run_dir, result)
+    return result
+
+
+def _end_after_sigterm(plan: Plan, trials: list, callback, run_dir: str, experiment: str, watch: InterruptWatch,
+                       out: TextIO) -> None:
     """Ends a sweep that Ray can no longer end after a SIGTERM (Ray's own processes got it too):
-    the MLflow runs of the running trials and the parent end KILLED, then the process, 143."""
+    the MLflow runs of the running trials and the parent end KILLED, the summary says so, then
+    the process ends, 143."""
     if callback is not None:
         callback.on_experiment_end(trials=trials)
-    print("sweep interrupted (SIGTERM), and Ray with it: Tune saved its state at the signal; the same "
-          "command with --resume continues the sweep (a stopped trial from its last checkpoint)", file=out, flush=True)
+    print("Ray's own processes got the SIGTERM too: the sweep is ended without them", file=out)
+    _summary(plan, trials, None, callback, run_dir, experiment, watch, out)
     sys.stderr.flush()
     os._exit(128 + signal.SIGTERM)
 
@@ -312,7 +323,8 @@ def run_sweep(
             name, run_dir = new_run_dir(root)
 
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
-        watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(callback, trials, out),
+        watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(plan, trials, callback, run_dir, experiment,
+                                                                          watch, out),
                                grace_s=env_number("HAEPO_SIGTERM_GRACE_S", SIGTERM_GRACE_S))
         if track:
             p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
@@ -347,11 +359,7 @@ def run_sweep(
             watch.release()
             if callback is not None:
                 callback.close(status="KILLED")  # no-op when Tune ended the experiment itself
-        result = results.summarize(plan, recorder.trials, grid, callback, run_dir, experiment,
-                                   watch.statuses, watch.signal)
-        p(results.format_summary(result))  # (what MLflow missed was logged as a warning, to stderr)
-        results.write_summary(run_dir, result)
-        return result
+        return _summary(plan, recorder.trials, grid, callback, run_dir, experiment, watch, out)
     finally:
         if started_ray:
             ray.shutdown()
