@@ -135,8 +135,8 @@ def format_summary(result: SweepResult, top: int = 10) -> str:
     if result.interrupted:
         finished = sum(t.status == "TERMINATED" for t in result.trials)
         stopped = sum(t.status == INTERRUPTED for t in result.trials)
-        lines = [f"sweep interrupted ({result.interrupted_by}): {finished} trials finished, {stopped} stopped while running; results in "
-                 f"{result.run_dir}",
+        lines = [f"sweep interrupted ({result.interrupted_by}): {finished} trials finished, {stopped} stopped "
+                 f"while running; results in {result.run_dir}",
                  "Tune saved its state: the same command with --resume continues the sweep (a stopped trial "
                  "from its last checkpoint)"]
     else:

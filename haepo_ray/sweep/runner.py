@@ -285,7 +285,10 @@ def run_sweep(
     """Runs (or with ``resume`` continues) the sweep; returns its summary. The patches the
     sweep applies are checked first, before anything is started or written
     (:func:`haepo_ray.upstream.check`: :class:`~haepo_ray.upstream.UpstreamVersionError` on an
-    untested version it may not run on).
+    untested version it may not run on). SIGINT and SIGTERM stop it (the summary says which,
+    and the trials it stopped); where Tune has not stopped the trials ``HAEPO_SIGTERM_GRACE_S``
+    after a SIGTERM (Ray's own processes got it too), the sweep is ended without Ray and the
+    process exits 143 (:mod:`haepo_ray.sweep.interrupt`).
 
     ``out``: where its lines go (``sys.stdout`` at the time of the call, by default);
     ``callback_kwargs`` set the MLflow callback's :class:`haepo_ray.tracking.RetryPolicy`
