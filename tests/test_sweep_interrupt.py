@@ -117,7 +117,7 @@ def test_sigterm_stops_the_sweep_as_ctrl_c_does(ray_session, tmp_path, monkeypat
     the trials, not the callbacks' ends after it: a slow one is not cut short (which would end
     this process, 143)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HAEPO_SIGTERM_GRACE_S", "4")  # Tune stops the trial in 0.6 s (idle)
+    monkeypatch.setenv("HAEPO_SIGTERM_GRACE_S", "8")  # Tune stops the trial in 0.6 s (idle)
     uri = sqlite_store(tmp_path / "mlflow.db")
     found = []
 
@@ -129,7 +129,7 @@ def test_sigterm_stops_the_sweep_as_ctrl_c_does(ray_session, tmp_path, monkeypat
         term = CtrlC(index=0, at=2, sig=signal.SIGTERM)
         result = run_sweep(parse_plan(tiny("term", ITERATIONS), "term.yaml"), tracking_uri=uri,
                            storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0,
-                           extra_callbacks=[term, SlowEnd(6.0)])
+                           extra_callbacks=[term, SlowEnd(10.0)])
         assert term.sent and found == [], "the watch took the SIGTERM"
         assert signal.getsignal(signal.SIGTERM) is ray_handler, "the handler found before the sweep is back"
     finally:
