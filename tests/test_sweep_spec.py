@@ -378,6 +378,14 @@ def test_cli_prints_named_errors_without_traceback(tmp_path, capsys):
     assert f"{path}: stop.wallclock: unknown key 'wallclock'" in capsys.readouterr().err
 
 
+def test_what_a_cluster_lacks_for_a_request_gpus_first_and_only_what_it_knows():
+    ray = Cluster(gpus=1.0, cpus=2.0)
+    assert ray.lacks({"CPU": 2.0, "GPU": 1.0}) == []
+    assert ray.lacks({"CPU": 3.0, "GPU": 1.5, "memory": 1e12}) == [("GPU", 1.5, 1.0), ("CPU", 3.0, 2.0)]
+    assert Cluster(gpus=0.0, cpus=None).lacks({"CPU": 64.0, "GPU": 0.5}) == [("GPU", 0.5, 0.0)]
+    assert Cluster.unknown().lacks({"CPU": 64.0, "GPU": 8.0}) == []
+
+
 def test_trial_resources_cpus_and_fractional_gpus():
 
     spec = parse_plan(_spec(settings={"num_env_runners": 1, "batch_size": 4},

@@ -7,7 +7,7 @@ import argparse
 import math
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,19 +102,20 @@ def _progress_line(result: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def _require_resources(args: argparse.Namespace, config, have: dict[str, float]) -> None:
-    """A UsageError when the algorithm asks the local Ray for more CPUs or GPUs than it has:
-    its env runners or learners would wait for ever."""
+def _require_resources(args: argparse.Namespace, config, have: Mapping[str, float]) -> None:
+    """A UsageError when the algorithm asks the local Ray (``have``: its resources) for more CPUs
+    or GPUs than it has: its env runners or learners would wait for ever."""
     from haepo_ray.rl.configs import requested_resources
+    from haepo_ray.sweep.cluster import Cluster
 
-    for resource, asked in requested_resources(config).items():
-        if resource in ("CPU", "GPU") and asked > have.get(resource, 0.0):
-            raise UsageError(
-                f"{args.algo} asks for {asked:g} {resource}s (its main process, env runners and learners), but "
-                f"the local Ray has {have.get(resource, 0.0):g}"
-                + (" (--num-cpus)" if resource == "CPU" else "") + ": it would wait for ever. Ask for fewer "
-                f"(--set num_env_runners=..., num_cpus_per_env_runner, num_gpus_per_learner)"
-                + (" or give Ray more with --num-cpus" if resource == "CPU" else ""))
+    local = Cluster(gpus=have.get("GPU", 0.0), cpus=have.get("CPU", 0.0))
+    for resource, asked, has in local.lacks(requested_resources(config)):
+        raise UsageError(
+            f"{args.algo} asks for {asked:g} {resource}s (its main process, env runners and learners), but "
+            f"the local Ray has {has:g}"
+            + (" (--num-cpus)" if resource == "CPU" else "") + ": it would wait for ever. Ask for fewer "
+            f"(--set num_env_runners=..., num_cpus_per_env_runner, num_gpus_per_learner)"
+            + (" or give Ray more with --num-cpus" if resource == "CPU" else ""))
 
 
 def cmd_train(args: argparse.Namespace) -> int:

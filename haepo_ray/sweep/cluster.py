@@ -1,6 +1,7 @@
 """What the Ray a sweep runs on offers its trials: :class:`Cluster` (CPUs, GPUs and their
-memory), read once Ray is up, and :func:`require_resources`, so that trials that ask for more
-than a local Ray has fail at start instead of waiting for ever."""
+memory), read once Ray is up, what it lacks for a request (:meth:`Cluster.lacks`), and
+:func:`require_resources`, so that trials that ask for more than a local Ray has fail at start
+instead of waiting for ever."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ class Cluster:
     gpu_kind: str | None = None  # e.g. Ray's accelerator type A100-40G
     embedded: bool = True  # a local Ray this sweep started, which cannot grow
     cpus: float | None = None  # None: not read
+
+    def lacks(self, asked: Mapping[str, float]) -> list[tuple[str, float, float]]:
+        """(resource, asked, has) for GPU, then CPU, where ``asked`` (Ray resource -> amount)
+        wants more than this Ray has, as far as it is known."""
+        have = {"GPU": self.gpus, "CPU": self.cpus}
+        return [(r, asked.get(r, 0.0), h) for r, h in have.items() if h is not None and asked.get(r, 0.0) > h]
 
     @classmethod
     def unknown(cls) -> Cluster:
@@ -60,14 +67,12 @@ def require_resources(spec: SweepSpec, trial: Mapping[str, float], cluster: Clus
     if not cluster.embedded:
         return
     where = spec.source or "<spec>"
-    gpus, cpus = trial.get("GPU", 0.0), trial.get("CPU", 0.0)
-    if cluster.gpus is not None and gpus > cluster.gpus:
-        has = f"{cluster.gpus:g}" if cluster.gpus else "none"
-        raise SpecError(f"{where}: each trial asks for {gpus:g} GPU(s) ({gpus_from}), but the embedded local "
-                        f"Ray has {has}: its trials would wait for ever. Run it on a Ray cluster with the GPUs "
-                        f"(--address), or {cpu_fix} to train on CPUs")
-    if cluster.cpus is not None and cpus > cluster.cpus:
-        raise SpecError(f"{where}: each trial asks for {cpus:g} CPUs ({cpus_from}), but the embedded local Ray "
-                        f"has {cluster.cpus:g} (ray.num_cpus, else this machine's): its trials would wait for "
-                        f"ever. Ask for fewer, give the embedded Ray more with ray.num_cpus, or run it on a Ray "
-                        f"cluster (--address)")
+    for resource, asked, has in cluster.lacks(trial):
+        if resource == "GPU":
+            raise SpecError(f"{where}: each trial asks for {asked:g} GPU(s) ({gpus_from}), but the embedded local "
+                            f"Ray has {f'{has:g}' if has else 'none'}: its trials would wait for ever. Run it on a "
+                            f"Ray cluster with the GPUs (--address), or {cpu_fix} to train on CPUs")
+        raise SpecError(f"{where}: each trial asks for {asked:g} CPUs ({cpus_from}), but the embedded local Ray "
+                        f"has {has:g} (ray.num_cpus, else this machine's): its trials would wait for ever. Ask "
+                        f"for fewer, give the embedded Ray more with ray.num_cpus, or run it on a Ray cluster "
+                        f"(--address)")
