@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"haepo {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:  # Ctrl-C: what the command was writing ended as its handlers say
-        print(f"\nhaepo {args.command}: " + ("terminated" if isinstance(err, Terminated) else "interrupted"),
-              file=sys.stderr)
-        return TERMINATED if isinstance(err, Terminated) else INTERRUPTED
+    except KeyboardInterrupt as err:  # Ctrl-C (or SIGTERM): what the command was writing ended as its handlers say
+        terminated = isinstance(err, Terminated)
+        print(f"\nhaepo {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return TERMINATED if terminated else INTERRUPTED

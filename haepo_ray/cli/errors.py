@@ -7,8 +7,13 @@ import logging
 import signal
 
 
-INTERRUPTED = 130  # the exit status of a command a Ctrl-C ended (128 + SIGINT)
-TERMINATED = 143  # ... that SIGTERM ended (128 + SIGTERM)
+def exit_status(signum: int) -> int:
+    """The exit status of a command that signal ``signum`` ended, as a shell reports it."""
+    return 128 + signum
+
+
+INTERRUPTED = exit_status(signal.SIGINT)  # 130: a command a Ctrl-C ended
+TERMINATED = exit_status(signal.SIGTERM)  # 143: ... that SIGTERM ended
 
 
 class Terminated(KeyboardInterrupt):

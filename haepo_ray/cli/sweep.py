@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
-from haepo_ray.cli.errors import INTERRUPTED, UsageError, configure_logging
+from haepo_ray.cli.errors import INTERRUPTED, UsageError, configure_logging, exit_status
 
 
 def add_parser(subparsers) -> None:
@@ -86,6 +86,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print("\nhaepo sweep: interrupted before Ray Tune saved the sweep's state: the same command with "
               "--resume continues it from the last state Tune saved, if it saved one", file=sys.stderr)
         return INTERRUPTED
-    if result.interrupted:  # 128 + the signal, as a shell reports a command that signal ended
-        return 128 + signal.Signals[result.interrupted_by].value
+    if result.interrupted_by is not None:
+        return exit_status(signal.Signals[result.interrupted_by])
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0

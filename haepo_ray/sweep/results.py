@@ -51,9 +51,13 @@ class SweepResult:
     trials: list[TrialSummary] = field(default_factory=list)
     not_logged: list = field(default_factory=list)
     result_grid: Any = None
-    interrupted: bool = False  # Ctrl-C or SIGTERM: Tune saved its state, and --resume continues the sweep
-    interrupted_by: str | None = None  # the signal's name (SIGINT, SIGTERM, SIGUSR1)
+    interrupted_by: str | None = None  # the signal's name (SIGINT, SIGTERM, SIGUSR1); None: not interrupted
     missing_metric: str | None = None  # no trial reported the metric: what to say (metric_watch)
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C or SIGTERM: Tune saved its state, and --resume continues the sweep."""
+        return self.interrupted_by is not None
 
     @property
     def best(self) -> TrialSummary | None:
@@ -107,7 +111,7 @@ def summarize(plan: Plan, trials: list, grid, callback, run_dir: str, experiment
         experiment_id=callback.experiment_id if callback else None,
         metric=spec.metric, mode=spec.mode, result_grid=grid,
         not_logged=list(callback.not_logged) if callback else [],
-        interrupted=at_interrupt is not None, interrupted_by=interrupted_by,
+        interrupted_by=interrupted_by,
     )
     for trial in trials:
         last = trial.last_result or {}
