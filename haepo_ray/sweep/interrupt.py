@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -91,10 +90,9 @@ class InterruptWatch(Callback):
                                  daemon=True).start()
 
     def _await_end(self, on_stuck: Callable[[list], None]) -> None:
-        started = time.monotonic()
         if not self._ended.wait(self._grace_s):
-            logger.warning("the sweep has not ended %.0f s after SIGTERM (Ray's own processes were "
-                           "stopped too?): ending it without Ray", time.monotonic() - started)
+            logger.warning("Tune has not stopped the trials %g s after SIGTERM (Ray's own processes were "
+                           "stopped too?): ending the sweep without Ray", self._grace_s)
             on_stuck(list(self._trials))
 
     def on_experiment_end(self, trials, **info) -> None:
