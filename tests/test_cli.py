@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import kill_tree, sqlite_store
@@ -122,6 +123,17 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
 
 
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def _stacks(pid: int) -> str:
+    """Every thread's Python stack in process ``pid`` (py-spy, of the lock's dev tools)."""
+    spy = subprocess.run([str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(pid)],
+                         capture_output=True, text=True, timeout=60)
+    return spy.stdout + spy.stderr
+
+
 @pytest.mark.parametrize("sig, code, said", [
     (signal.SIGINT, 130, "interrupted"),
     pytest.param(signal.SIGTERM, 143, "terminated", marks=pytest.mark.slow),  # fast: the test below
@@ -138,7 +150,12 @@ def test_ctrl_c_or_sigterm_ends_train_with_its_run_killed(tmp_path, sig, code, s
             if line.startswith("iter") and int(line.split()[1]) == 2:
                 break
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired as timeout:  # seen once (SIGINT, fresh clone's tier); say where it was
+            pytest.fail(f"haepo train still ran 120 s after {sig.name}; its last output:\n"
+                        f"{_text(timeout.output)[-1500:]}\n{_text(timeout.stderr)[-1500:]}\n"
+                        f"its threads:\n{_stacks(proc.pid)}")
     finally:
         kill_tree(proc.pid)
     assert proc.returncode == code, err[-3000:]
