@@ -15,7 +15,9 @@ import pytest
 from helpers import kill_tree, sqlite_store
 
 from haepo_ray.cli import main
-from haepo_ray.cli.errors import sigterm_as_ctrl_c
+from haepo_ray import names
+from haepo_ray.cli.errors import Terminated
+from haepo_ray.cli.signals import STOP_SIGNALS, StopRequest
 from haepo_ray.envs import registered_envs
 
 
@@ -136,14 +138,16 @@ def _stacks(pid: int) -> str:
 
 @pytest.mark.parametrize("sig, code, said", [
     (signal.SIGINT, 130, "interrupted"),
-    pytest.param(signal.SIGTERM, 143, "terminated", marks=pytest.mark.slow),  # fast: the test below
+    pytest.param(signal.SIGTERM, 143, "terminated", marks=pytest.mark.slow),  # fast: StopRequest's tests
 ])
-def test_ctrl_c_or_sigterm_ends_train_with_its_run_killed(tmp_path, sig, code, said):
-    """A Ctrl-C (SIGINT to the command), or SIGTERM (kill, a job's stop), mid-training: no
-    traceback (no abort in Ray's SIGTERM handler), exit 130 or 143, the run KILLED."""
+def test_ctrl_c_or_sigterm_stops_train_after_its_iteration_with_a_checkpoint(tmp_path, sig, code, said):
+    """A Ctrl-C (SIGINT to the command), or SIGTERM (kill, a job's stop), mid-training: the
+    iteration ends, its checkpoint is written and logged, the run ends KILLED, exit 130 or 143,
+    no traceback (no abort in Ray's SIGTERM handler)."""
     uri = sqlite_store(tmp_path / "mlflow.db")
     proc = subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", "train", "--env", "haepo/ChainMDP-v0",
-                             "--stop-iters", "100000", "--num-cpus", "1", "--tracking-uri", uri, "--experiment", "c"],
+                             "--stop-iters", "100000", "--num-cpus", "1", "--tracking-uri", uri, "--experiment", "c",
+                             "--checkpoint-dir", str(tmp_path / "ck")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:  # the second iteration: training, and its run logging
@@ -151,42 +155,91 @@ def test_ctrl_c_or_sigterm_ends_train_with_its_run_killed(tmp_path, sig, code, s
                 break
         proc.send_signal(sig)
         try:
-            _, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired as timeout:  # seen once (SIGINT, fresh clone's tier); say where it was
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired as timeout:  # say where it was
             pytest.fail(f"haepo train still ran 120 s after {sig.name}; its last output:\n"
                         f"{_text(timeout.output)[-1500:]}\n{_text(timeout.stderr)[-1500:]}\n"
                         f"its threads:\n{_stacks(proc.pid)}")
     finally:
         kill_tree(proc.pid)
     assert proc.returncode == code, err[-3000:]
+    assert f"haepo train: {sig.name}: stopping after this iteration" in err, err[-3000:]
     assert err.rstrip().endswith(f"haepo train: {said}") and "Traceback" not in err, err[-3000:]
+    assert f"checkpoint: {tmp_path / 'ck'}" in out and (tmp_path / "ck" / "rllib_checkpoint.json").exists()
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("c").experiment_id])
     assert run.info.status == "KILLED"
+    assert run.data.tags[names.CHECKPOINT] and client.list_artifacts(run.info.run_id)
 
 
-def test_sigterm_after_sigterm_as_ctrl_c_ends_a_command_as_ctrl_c_with_143(monkeypatch, capsys):
-    """What haepo train installs after ray.init: SIGTERM raises Terminated, a KeyboardInterrupt
-    (so it ends what a Ctrl-C ends); the command says so and exits 143; a second SIGTERM would
-    end the process at once."""
+def _signal_me_then_wait(*signums: int, wait_s: float = 10.0) -> None:
+    for signum in signums:
+        os.kill(os.getpid(), signum)
+    time.sleep(wait_s)  # a handler that raises ends it first
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_first_signal_is_a_request_and_a_second_raises_at_once(sig, capsys):
+    """The first Ctrl-C or SIGTERM raises nothing (a KeyboardInterrupt inside a queue's put would
+    leave its lock held); a second raises what main reports, 130 or 143; leaving puts back the
+    handlers found."""
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    with StopRequest("haepo x", "after this step", grace_s=60) as request:
+        _signal_me_then_wait(sig, wait_s=0.2)
+        assert request.signum == sig
+        expected = Terminated if sig == signal.SIGTERM else KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt) as at_once:
+            _signal_me_then_wait(sig)
+        with pytest.raises(KeyboardInterrupt) as after:
+            request.raise_if_received()
+        assert at_once.type is expected and after.type is expected
+    assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before
+    assert capsys.readouterr().err.strip() == \
+        f"haepo x: {sig.name}: stopping after this step ({'Ctrl-C' if sig == signal.SIGINT else 'SIGTERM'} " \
+        "again stops at once)"
+
+
+def test_a_signal_found_ignored_stays_ignored(capsys):
+    """A command started with & or nohup ignores Ctrl-C: so does its request."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopRequest("haepo x", "after this step", grace_s=60) as request:
+            _signal_me_then_wait(signal.SIGINT, wait_s=0.2)
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert request.signum is None and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_sigterm_not_stopped_within_its_grace_raises_terminated(capsys):
+    """The platform's SIGKILL follows a SIGTERM (30 s in SLURM and Kubernetes): a step longer
+    than the grace is interrupted so that the command still ends what it started."""
+    start = time.monotonic()
+    with StopRequest("haepo x", "after this step", grace_s=0.5) as request, pytest.raises(Terminated):
+        _signal_me_then_wait(signal.SIGTERM)
+    assert request.signum == signal.SIGTERM and 0.5 <= time.monotonic() - start < 5
+    assert "haepo x: not stopped 0.5 s after SIGTERM: stopping at once" in capsys.readouterr().err
+
+
+def test_a_command_stopped_in_time_is_not_interrupted_after_it(capsys):
+    with StopRequest("haepo x", "after this step", grace_s=0.3) as request:
+        _signal_me_then_wait(signal.SIGTERM, wait_s=0.1)
+    time.sleep(0.6)  # the grace, which a stopped command cancels
+    assert request.signum == signal.SIGTERM and "not stopped" not in capsys.readouterr().err
+
+
+def test_main_reports_a_terminated_command_with_143(monkeypatch, capsys):
     from haepo_ray import cli
 
     def command(args):
-        sigterm_as_ctrl_c()
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(10)  # the handler raises first
-        return 0
+        raise Terminated
 
-    before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(cli, "cmd_version", command)
-    try:
-        assert cli.main(["version"]) == 143
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    assert cli.main(["version"]) == 143
     assert capsys.readouterr().err.strip() == "haepo version: terminated"
 
 

@@ -1,5 +1,5 @@
 """The one error type of the ``haepo`` command, the exit status of an interrupted one, SIGTERM
-taken as a Ctrl-C, and where its warnings go."""
+as the Ctrl-C it ends as (:class:`Terminated`), and where its warnings go."""
 
 from __future__ import annotations
 
@@ -19,17 +19,6 @@ TERMINATED = exit_status(signal.SIGTERM)  # 143: ... that SIGTERM ended
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, Ray Jobs' stop, Kubernetes, SLURM), raised where a Ctrl-C's
     ``KeyboardInterrupt`` is, so that it ends what a Ctrl-C ends (exit status 143)."""
-
-
-def sigterm_as_ctrl_c() -> None:
-    """From now on the first SIGTERM raises :class:`Terminated` in the main thread, and a second
-    ends the process at once. Call it after ``ray.init``, whose handler aborts the process."""
-
-    def terminated(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, terminated)
 
 
 class UsageError(Exception):

@@ -16,7 +16,9 @@ from pydantic import ValidationError
 
 from haepo_ray import names
 from haepo_ray.cli.args import add_experiment, add_tracking_uri
-from haepo_ray.cli.errors import UsageError, configure_logging, sigterm_as_ctrl_c
+from haepo_ray.cli.errors import UsageError, configure_logging
+from haepo_ray.cli.signals import StopRequest
+from haepo_ray.sweep.interrupt import sigterm_grace_s
 from haepo_ray.sweep.spec import StopSpec
 
 DEFAULT_EXPERIMENT = "train"
@@ -132,23 +134,37 @@ def cmd_train(args: argparse.Namespace) -> int:
     import ray
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
-    sigterm_as_ctrl_c()  # the run ends KILLED, not aborted in Ray's handler
-    _require_resources(args, config, ray.cluster_resources())
-    run = None if args.no_tracking else _start_run(args, config, stop, name)
-    algo, status, checkpoint, error = None, "FAILED", None, None
+    # Ctrl-C and SIGTERM stop the loop after its iteration (SIGTERM: not Ray's handler, which aborts)
+    with StopRequest("haepo train", "after this iteration", sigterm_grace_s()) as request:
+        try:
+            _require_resources(args, config, ray.cluster_resources())
+            run = None if args.no_tracking else _start_run(args, config, stop, name)
+            _train(args, config, stop, name, run, request)
+        finally:
+            ray.shutdown()
+    request.raise_if_received()
+    return 0
+
+
+def _train(args: argparse.Namespace, config, stop: StopSpec, name: str, run, request: StopRequest) -> None:
+    """Builds the algorithm and trains it until ``stop`` or ``request``, saves its checkpoint
+    (none before the first iteration, or on an interrupt at once) and ends ``run``."""
+    algo, status, checkpoint, error, result = None, "FAILED", None, None, None
     try:
         algo = config.build_algo()
-        while True:
+        while request.signum is None:
             result = algo.train()
             print(_progress_line(result), flush=True)
             if run is not None:
                 run.log_result(result)
             if stop.reached(result):
                 break
-        out = Path(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name).resolve()
-        algo.save_to_path(out)
-        print(f"checkpoint: {out}")
-        status, checkpoint = "FINISHED", out
+        if result is not None:
+            out = Path(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name).resolve()
+            algo.save_to_path(out)
+            print(f"checkpoint: {out}")
+            checkpoint = out
+        status = "FINISHED" if request.signum is None else "KILLED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
@@ -162,8 +178,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             run.end(status, Checkpoint.from_directory(checkpoint) if checkpoint else None, error)
         if algo is not None:
             algo.stop()
-        ray.shutdown()
-    return 0
 
 
 def _start_run(args: argparse.Namespace, config, stop: StopSpec, name: str):

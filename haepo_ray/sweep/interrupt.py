@@ -29,16 +29,23 @@ from typing import Any
 
 from ray.tune import Callback
 
+from haepo_ray.tracking.retry import env_number
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["InterruptWatch", "SIGNALS", "SIGTERM_GRACE_S"]
+__all__ = ["InterruptWatch", "SIGNALS", "SIGTERM_GRACE_S", "sigterm_grace_s"]
 
 TUNE_SIGNALS = (signal.SIGINT, signal.SIGUSR1)  # the signals Tune 2.60 ends a sweep on, saving its state
 SIGNALS = (*TUNE_SIGNALS, signal.SIGTERM)  # what the watch takes during a sweep
 # A sweep ends within a few seconds of a SIGTERM (Ray Jobs' stop waits 3 s unless told
 # otherwise); SLURM and Kubernetes send SIGKILL 30 s after it, by default. HAEPO_SIGTERM_GRACE_S
-# sets it for haepo sweep (where those are set otherwise).
+# sets it for haepo sweep and haepo train (where those are set otherwise).
 SIGTERM_GRACE_S = 20.0
+
+
+def sigterm_grace_s() -> float:
+    """``HAEPO_SIGTERM_GRACE_S``, or :data:`SIGTERM_GRACE_S` where it is not set."""
+    return env_number("HAEPO_SIGTERM_GRACE_S", SIGTERM_GRACE_S)
 
 
 class InterruptWatch(Callback):

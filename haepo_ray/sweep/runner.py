@@ -21,7 +21,7 @@ import yaml
 
 from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.interrupt import SIGTERM_GRACE_S, InterruptWatch
+from haepo_ray.sweep.interrupt import InterruptWatch, sigterm_grace_s
 from haepo_ray.sweep.metric_watch import MetricWatch
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
@@ -298,7 +298,6 @@ def run_sweep(
 
     from haepo_ray import tracking
     from haepo_ray.envs import register_with_ray
-    from haepo_ray.tracking.retry import env_number
 
     spec = plan.spec
     experiment = experiment or spec.experiment
@@ -328,7 +327,7 @@ def run_sweep(
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
         watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(plan, trials, callback, run_dir, experiment,
                                                                           watch, out),
-                               grace_s=env_number("HAEPO_SIGTERM_GRACE_S", SIGTERM_GRACE_S))
+                               grace_s=sigterm_grace_s())
         if track:
             p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
             callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
