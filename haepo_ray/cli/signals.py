@@ -1,11 +1,11 @@
-"""Ctrl-C and SIGTERM as a request to stop at a command's next check, for a loop whose state a
-``KeyboardInterrupt`` raised anywhere would corrupt.
+"""Ctrl-C and SIGTERM as a request to stop at a command's next check (``haepo train``: after
+the iteration, with its checkpoint).
 
-A ``KeyboardInterrupt`` lands between any two bytecodes of the main thread: inside
-``queue.Queue.put``, after its lock is taken and before it is let go, it leaves the lock held
-(CPython 3.11: 555 of 3,145 interrupts of a loop of puts did), and the next put, the one that
-ends the MLflow run, waits for ever. So the first signal only records itself, and the command
-stops where it checks (``haepo train``: after the iteration, with its checkpoint).
+A ``KeyboardInterrupt`` lands between any two bytecodes of the main thread, inside Ray, torch
+or MLflow as much as in the command's own loop, and what it cuts short can stay broken: one
+inside ``queue.Queue.put`` left the queue's lock held (CPython 3.11), and the MLflow run's end
+waited for ever on its own put (the writer now uses a queue without a Python lock). So the
+first signal only records itself, and the command stops where it checks.
 """
 
 from __future__ import annotations

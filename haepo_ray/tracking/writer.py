@@ -84,7 +84,10 @@ class MLflowWriter:
         self.runs = SweepRuns(calls)
         self.replayed_steps: Counter[str] = Counter()  # trial_id -> steps reported again, all sessions
         self._logged = LoggedSteps()
-        self._queue: queue.Queue[Message] = queue.Queue()
+        # C code without a lock of Python's: a Ctrl-C's KeyboardInterrupt inside queue.Queue's put
+        # could leave its lock held (CPython 3.11), and every later put, the run's end among them,
+        # would wait for ever
+        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._backlog = Backlog(backlog_path, max_in_memory)
         self._holding = False  # MLflow cannot be reached: the backlog waits
         self._wake = threading.Event()
