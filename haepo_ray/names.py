@@ -101,6 +101,7 @@ ERROR = "haepo.error"
 REPLAYED_STEPS = "haepo.replayed_steps"
 SFT_START = "haepo.sft_start"  # language-model trials: the key of the SFT start RL began from (haepo_ray.llm.sft_start)
 CHECKPOINT = "haepo.checkpoint"
+RESTORED_FROM = "haepo.restored_from"  # haepo train --restore: the checkpoint the run went on from
 NUM_TRIALS = "haepo.num_trials"
 BEST_TRIAL_ID = "haepo.best_trial_id"
 BEST_RUN_ID = "haepo.best_run_id"

@@ -58,6 +58,8 @@ def test_envs_lists_every_registered_id(capsys):
         (["--env", "haepo/ChainMDP-v0", "--set", "lr"], "--set expects key=value"),
         (["--env", "haepo/ChainMDP-v0", "--stop-iters", "0"], "--stop-iters 0: Input should be greater than or equal to 1"),
         (["--env", "haepo/ChainMDP-v0", "--stop-time", "-1"], "--stop-time -1.0: Input should be greater than 0"),
+        (["--stop-iters", "3"], "give --env (or --restore a checkpoint)"),
+        (["--restore", "no/such/folder"], "--restore no/such/folder: no such folder"),
     ],
 )
 def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monkeypatch):
@@ -255,6 +257,55 @@ def test_train_no_tracking_writes_nothing_to_mlflow(ray_session, tmp_path, monke
     out = capsys.readouterr().out
     assert "MLflow" not in out and "checkpoint: " in out
     assert not (tmp_path / "env.db").exists() and not (tmp_path / ".haepo" / "mlflow.db").exists()
+
+
+def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, tmp_path, monkeypatch, capsys):
+    """--restore alone: the checkpoint's algorithm, env and settings (its model among them),
+    --set over them; the run goes on from the checkpoint's iteration (the stop criteria count
+    from its start) and names it in a tag. Refused, saying what to give: another --algo or
+    --env, a checkpoint that has trained --stop-iters already, a --set that changes its model,
+    a folder that is no checkpoint (on the session's Ray, as above)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ray_session, "shutdown", lambda: None)
+    ck = tmp_path / "ck"
+    assert main(["train", "--env", "haepo/ChainMDP-v0", "--set", "model_config={fcnet_hiddens: [8]}", "--seed", "3",
+                 "--num-cpus", "2", "--stop-iters", "2", "--no-tracking", "--checkpoint-dir", str(ck)]) == 0
+    capsys.readouterr()
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    assert main(["train", "--restore", str(ck), "--set", "lr=0.01", "--stop-iters", "3", "--tracking-uri", uri,
+                 "--experiment", "r", "--checkpoint-dir", str(tmp_path / "ck3")]) == 0
+    out = capsys.readouterr().out
+    assert f"restored: {ck} (iteration 2)" in out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("iter")] == ["3"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("r").experiment_id])
+    tags, params = run.data.tags, run.data.params
+    assert (tags[names.RESTORED_FROM], tags[names.ALGORITHM], tags[names.ENV], tags[names.SEED]) == \
+        (str(ck), "HAEPO", "haepo/ChainMDP-v0", "3")
+    assert params["lr"] == "0.01" and "8" in params["_model_config/fcnet_hiddens"], params
+    assert [m.step for m in client.get_metric_history(run.info.run_id, names.TRAINING_ITERATION)] == [3]
+
+    def refusal(*args: str) -> str:
+        assert main(["train", "--restore", str(ck), *args, "--no-tracking"]) == 2
+        return capsys.readouterr().err.strip()
+
+    assert refusal("--algo", "GRPO") == (
+        f"haepo train: error: --restore {ck} is a checkpoint of HAEPO on haepo/ChainMDP-v0, not of GRPO on "
+        "haepo/ChainMDP-v0: leave out --algo and --env")
+    assert "not of HAEPO on haepo/RandomWalk-v0" in refusal("--env", "haepo/RandomWalk-v0")
+    assert refusal("--stop-iters", "2").endswith(
+        f"--restore {ck} has trained 2 iterations already: give --stop-iters above 2 (the criteria count from "
+        "its run's start)")
+    assert "its state does not fit the HAEPO these settings build (a --set that changes the model?)" in \
+        refusal("--set", "model_config={fcnet_hiddens: [4]}")
+    assert main(["train", "--restore", str(tmp_path), "--no-tracking"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--restore {tmp_path} is not an RLlib checkpoint (no rllib_checkpoint.json): give the folder haepo "
+        "train printed, or a sweep trial's checkpoint_NNNNNN")
 
 
 def test_train_refuses_more_cpus_than_its_ray_has(ray_session, tmp_path, monkeypatch, capsys):

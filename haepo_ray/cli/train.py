@@ -22,6 +22,8 @@ from haepo_ray.sweep.interrupt import sigterm_grace_s
 from haepo_ray.sweep.spec import StopSpec
 
 DEFAULT_EXPERIMENT = "train"
+DEFAULT_ALGO = "HAEPO"
+DEFAULT_SEED = 0
 DEFAULT_STOP = StopSpec(iterations=100)
 # StopSpec's criteria -> the options (argparse dests) that set them.
 STOP_OPTIONS = {"iterations": "stop_iters", "seconds": "stop_time", "env_steps": "stop_env_steps",
@@ -30,17 +32,24 @@ STOP_OPTIONS = {"iterations": "stop_iters", "seconds": "stop_time", "env_steps":
 
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser("train", help="train one trial locally and write a checkpoint")
-    train.add_argument("--env", required=True, help="a gymnasium id, e.g. CartPole-v1 or haepo/ChainMDP-v0")
-    train.add_argument("--algo", default="HAEPO", help="HAEPO (default), DPO, GRPO or an RLlib algorithm name, e.g. PPO")
+    train.add_argument("--env", help="a gymnasium id, e.g. CartPole-v1 or haepo/ChainMDP-v0 (with --restore: "
+                                     "the checkpoint's)")
+    train.add_argument("--algo", help="HAEPO (default), DPO, GRPO or an RLlib algorithm name, e.g. PPO (with "
+                                      "--restore: the checkpoint's)")
     stop = train.add_argument_group("stop criteria (any that is met stops; default --stop-iters 100)")
     stop.add_argument("--stop-iters", type=int, help="training iterations")
     stop.add_argument("--stop-time", type=float, help="wall-clock seconds of training")
     stop.add_argument("--stop-env-steps", type=int, help="env steps sampled")
     stop.add_argument("--stop-return", type=float, help="mean episode return")
-    train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    train.add_argument("--seed", type=int, help="random seed (default 0; with --restore: the checkpoint's)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="an algorithm setting, value in YAML, e.g. --set lr=0.01 (repeatable)")
+                       help="an algorithm setting, value in YAML, e.g. --set lr=0.01 (repeatable; with "
+                            "--restore: over the checkpoint's settings)")
     train.add_argument("--checkpoint-dir", help="where to write the final checkpoint")
+    train.add_argument("--restore", metavar="CHECKPOINT",
+                       help="go on from a checkpoint of haepo train or of a sweep's trial, with its "
+                            "settings: weights, optimizer, reference policy, env runners and iteration count "
+                            "(the --stop-* criteria count from that run's start)")
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for the embedded Ray (default: all)")
     add_tracking_uri(train)
     add_experiment(train, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})")
@@ -120,10 +129,46 @@ def _require_resources(args: argparse.Namespace, config, have: Mapping[str, floa
             + (" or give Ray more with --num-cpus" if resource == "CPU" else ""))
 
 
+def restored_config(args: argparse.Namespace, overrides: dict[str, Any]):
+    """The validated config of ``--restore``'s checkpoint, ``--seed`` and ``overrides`` over it;
+    fills in ``args.algo``, ``args.env`` and ``args.seed`` from it, refusing ones that differ."""
+    from haepo_ray.envs import check_env_id
+    from haepo_ray.rl import configs
+    from haepo_ray.rl.checkpoints import checkpoint_origin
+
+    try:
+        origin = checkpoint_origin(args.restore)
+    except ValueError as err:
+        raise UsageError(f"--restore {err}") from None
+    algo = origin.algorithm.__name__
+    if origin.env is None:
+        raise UsageError(f"--restore {args.restore}: its env is not a registered id, which haepo train needs")
+    if args.algo not in (None, algo) or args.env not in (None, origin.env):
+        raise UsageError(f"--restore {args.restore} is a checkpoint of {algo} on {origin.env}, not of "
+                         f"{args.algo or algo} on {args.env or origin.env}: leave out --algo and --env")
+    args.algo, args.env = algo, origin.env
+    config = origin.config.copy(copy_frozen=False)
+    if args.seed is not None:
+        config.debugging(seed=args.seed)
+    args.seed = config.seed
+    try:
+        check_env_id(origin.env)
+        return configs.validate(configs.apply_settings(config, overrides))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     configure_logging()
     stop = stop_spec(args)
-    config = train_config(args.algo, args.env, args.seed, parse_overrides(args.set or []))
+    overrides = parse_overrides(args.set or [])
+    if args.restore:
+        config = restored_config(args, overrides)
+    elif args.env is None:
+        raise UsageError("give --env (or --restore a checkpoint)")
+    else:
+        args.algo, args.seed = args.algo or DEFAULT_ALGO, DEFAULT_SEED if args.seed is None else args.seed
+        config = train_config(args.algo, args.env, args.seed, overrides)
     name = f"{args.algo}-{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     from haepo_ray import upstream
 
@@ -152,6 +197,8 @@ def _train(args: argparse.Namespace, config, stop: StopSpec, name: str, run, req
     algo, status, checkpoint, error, result = None, "FAILED", None, None, None
     try:
         algo = config.build_algo()
+        if args.restore:
+            _restore(algo, args, stop)
         while request.signum is None:
             result = algo.train()
             print(_progress_line(result), flush=True)
@@ -180,6 +227,20 @@ def _train(args: argparse.Namespace, config, stop: StopSpec, name: str, run, req
             algo.stop()
 
 
+def _restore(algo, args: argparse.Namespace, stop: StopSpec) -> None:
+    """Restores ``algo`` from ``--restore``; a UsageError where its state does not fit, or where
+    it has trained ``--stop-iters`` already."""
+    try:
+        algo.restore_from_path(Path(args.restore).resolve())
+    except (ValueError, RuntimeError, KeyError) as err:
+        raise UsageError(f"--restore {args.restore}: its state does not fit the {args.algo} these settings "
+                         f"build (a --set that changes the model?). RLlib: {err}") from None
+    print(f"restored: {args.restore} (iteration {algo.iteration})", flush=True)
+    if stop.iterations is not None and algo.iteration >= stop.iterations:
+        raise UsageError(f"--restore {args.restore} has trained {algo.iteration} iterations already: give "
+                         f"--stop-iters above {algo.iteration} (the criteria count from its run's start)")
+
+
 def _start_run(args: argparse.Namespace, config, stop: StopSpec, name: str):
     """The run's MLflow run, started (None when MLflow cannot be reached)."""
     from haepo_ray import tracking
@@ -189,7 +250,8 @@ def _start_run(args: argparse.Namespace, config, stop: StopSpec, name: str):
     experiment = args.experiment or DEFAULT_EXPERIMENT
     print(f"MLflow tracking URI: {uri} (experiment {experiment!r})", flush=True)
     run = tracking.MLflowRun(uri, experiment, name)
-    tags = {**provenance(), names.ALGORITHM: args.algo, names.ENV: args.env, names.SEED: str(args.seed)}
+    tags = {**provenance(), names.ALGORITHM: args.algo, names.ENV: args.env, names.SEED: str(args.seed),
+            **({names.RESTORED_FROM: str(Path(args.restore).resolve())} if args.restore else {})}
     if run.start(tags, {**config.to_dict(), "stop": stop.to_tune()}) is None:
         return None
     print(f"MLflow run: {run.run_id}", flush=True)
