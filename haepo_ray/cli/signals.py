@@ -54,10 +54,8 @@ class StopRequest:
         self._stopped.set()
         if self._grace_thread is not None:  # a SIGTERM it sent as the command stopped reaches the handler
             self._grace_thread.join()
-        for sig, handler in self._found.items():
-            if signal.getsignal(sig) == self._on_signal:
-                # None: a handler not set from Python (Ray's SIGTERM handler, which aborts)
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig, handler in self._found.items():  # None: a handler not set from Python, which it cannot set
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
     def raise_if_received(self) -> None:
         """Raises what the signal asked for (``KeyboardInterrupt`` or :class:`Terminated`),

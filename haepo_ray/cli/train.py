@@ -18,7 +18,6 @@ from haepo_ray import names
 from haepo_ray.cli.args import add_experiment, add_tracking_uri
 from haepo_ray.cli.errors import UsageError, configure_logging
 from haepo_ray.cli.signals import StopRequest
-from haepo_ray.sweep.interrupt import sigterm_grace_s
 from haepo_ray.sweep.spec import StopSpec
 
 DEFAULT_EXPERIMENT = "train"
@@ -177,6 +176,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except (upstream.UpstreamVersionError, upstream.PatchSettingError) as err:
         raise UsageError(str(err)) from None
     import ray
+
+    from haepo_ray.sweep.interrupt import sigterm_grace_s
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     # Ctrl-C and SIGTERM stop the loop after its iteration (SIGTERM: not Ray's handler, which aborts)
