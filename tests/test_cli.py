@@ -212,16 +212,21 @@ def test_a_first_signal_is_a_request_and_a_second_raises_at_once(sig, capsys):
 
 
 def test_a_signal_found_ignored_stays_ignored(capsys):
-    """A command started with & or nohup ignores Ctrl-C: so does its request."""
+    """A command started with & or nohup ignores Ctrl-C: so does its request, before and after
+    a second SIGTERM."""
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with StopRequest("haepo x", "after this step", grace_s=60) as request:
             _signal_me_then_wait(signal.SIGINT, wait_s=0.2)
+            assert request.signum is None and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            _signal_me_then_wait(signal.SIGTERM, wait_s=0.2)
+            with pytest.raises(Terminated):
+                _signal_me_then_wait(signal.SIGTERM)
             assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        assert request.signum is None and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
-    assert capsys.readouterr().err == ""
+    assert "SIGINT" not in capsys.readouterr().err
 
 
 def test_a_sigterm_not_stopped_within_its_grace_raises_terminated(capsys):

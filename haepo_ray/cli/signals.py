@@ -73,9 +73,8 @@ class StopRequest:
                 self._grace_thread = threading.Thread(target=self._grace, name="haepo-sigterm-grace", daemon=True)
                 self._grace_thread.start()
             return
-        # the handlers of a third: Python's KeyboardInterrupt for SIGINT, an end at once for SIGTERM
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in self._found:  # a third: Python's KeyboardInterrupt for SIGINT, an end at once for SIGTERM
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         raise _interrupt(signum)
 
     def _grace(self) -> None:
