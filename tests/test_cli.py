@@ -276,7 +276,8 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     --set over them; the run goes on from the checkpoint's iteration (the stop criteria count
     from its start) and names it in a tag. Refused, saying what to give: another --algo or
     --env, a checkpoint that has trained --stop-iters already, a --set that changes its model,
-    a folder that is no checkpoint (on the session's Ray, as above)."""
+    a folder that is no checkpoint, each before an MLflow run starts (on the session's Ray, as
+    above)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
     monkeypatch.setattr(ray_session, "shutdown", lambda: None)
@@ -302,7 +303,7 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     assert [m.step for m in client.get_metric_history(run.info.run_id, names.TRAINING_ITERATION)] == [3]
 
     def refusal(*args: str) -> str:
-        assert main(["train", "--restore", str(ck), *args, "--no-tracking"]) == 2
+        assert main(["train", "--restore", str(ck), *args, "--tracking-uri", uri, "--experiment", "refused"]) == 2
         return capsys.readouterr().err.strip()
 
     assert refusal("--algo", "GRPO") == (
@@ -314,6 +315,7 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
         "its run's start)")
     assert "its state does not fit the HAEPO these settings build (a --set that changes the model?)" in \
         refusal("--set", "model_config={fcnet_hiddens: [4]}")
+    assert client.get_experiment_by_name("refused") is None, "a refusal started an MLflow run"
     assert main(["train", "--restore", str(tmp_path), "--no-tracking"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         f"--restore {tmp_path} is not an RLlib checkpoint (no rllib_checkpoint.json): give the folder haepo "

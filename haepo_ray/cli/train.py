@@ -182,24 +182,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     # Ctrl-C and SIGTERM stop the loop after its iteration (SIGTERM: not Ray's handler, which aborts)
     with StopRequest("haepo train", "after this iteration", sigterm_grace_s()) as request:
+        algo = None
         try:
             _require_resources(args, config, ray.cluster_resources())
-            run = None if args.no_tracking else _start_run(args, config, stop, name)
-            _train(args, config, stop, name, run, request)
+            algo = config.build_algo()
+            if args.restore:  # its refusals come before the MLflow run, which would end FAILED
+                _restore(algo, args, stop)
+            run = None if args.no_tracking or request.signum is not None else _start_run(args, config, stop, name)
+            _train(algo, args, stop, name, run, request)
         finally:
+            if algo is not None:
+                algo.stop()
             ray.shutdown()
     request.raise_if_received()
     return 0
 
 
-def _train(args: argparse.Namespace, config, stop: StopSpec, name: str, run, request: StopRequest) -> None:
-    """Builds the algorithm and trains it until ``stop`` or ``request``, saves its checkpoint
-    (none before the first iteration, or on an interrupt at once) and ends ``run``."""
-    algo, status, checkpoint, error, result = None, "FAILED", None, None, None
+def _train(algo, args: argparse.Namespace, stop: StopSpec, name: str, run, request: StopRequest) -> None:
+    """Trains ``algo`` until ``stop`` or ``request``, saves its checkpoint (none before the
+    first iteration, or on an interrupt at once) and ends ``run``."""
+    status, checkpoint, error, result = "FAILED", None, None, None
     try:
-        algo = config.build_algo()
-        if args.restore:
-            _restore(algo, args, stop)
         while request.signum is None:
             result = algo.train()
             print(_progress_line(result), flush=True)
@@ -224,8 +227,6 @@ def _train(args: argparse.Namespace, config, stop: StopSpec, name: str, run, req
             from ray.train import Checkpoint
 
             run.end(status, Checkpoint.from_directory(checkpoint) if checkpoint else None, error)
-        if algo is not None:
-            algo.stop()
 
 
 def _restore(algo, args: argparse.Namespace, stop: StopSpec) -> None:
