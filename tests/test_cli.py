@@ -16,7 +16,7 @@ from helpers import kill_tree, sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray import names
-from haepo_ray.cli.errors import Terminated
+from haepo_ray.terminated import Terminated
 from haepo_ray.cli.signals import STOP_SIGNALS, StopRequest
 from haepo_ray.envs import registered_envs
 

@@ -29,6 +29,7 @@ from haepo_ray.sweep.interrupt import SIGNALS, SIGTERM_GRACE_S, InterruptWatch
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.results import INTERRUPTED
 from haepo_ray.sweep.runner import run_sweep
+from haepo_ray.terminated import Terminated
 from haepo_ray.tracking import find_sweep_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,6 +100,44 @@ def test_a_sweep_that_was_not_interrupted_says_it_finished(ray_session, tmp_path
                        storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
     assert not result.interrupted and [t.status for t in result.trials] == ["TERMINATED"]
     assert statuses(uri, "whole")[0] == "FINISHED"
+
+
+class SignalAt(io.StringIO):
+    """A sweep's output that sends this process ``sig`` when a line starting with ``line`` is
+    written (by the main thread, whose handler of the signal then runs at once)."""
+
+    def __init__(self, line: str, sig: signal.Signals = signal.SIGTERM):
+        super().__init__()
+        self.line, self.sig, self.sent = line, sig, False
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if not self.sent and text.startswith(self.line):
+            self.sent = True
+            os.kill(os.getpid(), self.sig)
+        return written
+
+
+@pytest.mark.parametrize("line", ["MLflow parent run: ", "Ray Tune results: "])
+def test_a_sigterm_before_tune_takes_it_ends_the_parent_run_killed(ray_session, tmp_path, monkeypatch, line):
+    """Between Ray's start and Tune's fit, SIGTERM went to Ray's handler (here a recorder), which
+    aborts the driver and leaves the parent run RUNNING: it raises Terminated instead, the parent
+    ends KILLED, and the handler found is back."""
+    monkeypatch.chdir(tmp_path)
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    got: list[int] = []
+    found = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    recorder = signal.getsignal(signal.SIGTERM)
+    try:
+        out = SignalAt(line)
+        with pytest.raises(Terminated):
+            run_sweep(parse_plan(tiny("early", 2), "early.yaml"), tracking_uri=uri,
+                      storage_path=str(tmp_path / "results"), out=out, verbose=0)
+        assert out.sent and got == [], "Ray's handler got the SIGTERM"
+        assert signal.getsignal(signal.SIGTERM) is recorder, "the handler found is not back"
+    finally:
+        signal.signal(signal.SIGTERM, found)
+    assert statuses(uri, "early")[0] == "KILLED"
 
 
 class SlowEnd(tune.Callback):
@@ -225,6 +264,34 @@ def test_ctrl_c_on_haepo_sweep_exits_130_and_resume_exits_0(tmp_path):
     parent, children = statuses(uri, "cli-ctrl-c")
     assert parent == "FINISHED" and sorted(children.values()) == ["FINISHED"] * 2
     check_each_step_once(uri, "cli-ctrl-c", 40, trials=2)
+
+
+@pytest.mark.slow
+def test_sigterm_on_haepo_sweep_before_tune_exits_143_with_its_parent_run_killed(tmp_path):
+    """With Ray's own handlers: SIGTERM once the driver has its parent run, before Tune's fit,
+    ends it with exit 143 and the parent KILLED (Ray's C++ handler aborted it, SIGABRT, with
+    the parent RUNNING)."""
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(tiny("cli-early", 2)))
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    command = [sys.executable, "-m", "haepo_ray.cli", "sweep", "spec.yaml", "--quiet", "--tracking-uri", uri,
+               "--storage-path", str(tmp_path / "results")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    log_path = tmp_path / "first.log"
+    with open(log_path, "w") as log:
+        driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while "MLflow parent run: " not in log_path.read_text():
+                assert driver.poll() is None and time.monotonic() < deadline, "no parent run"
+                time.sleep(0.01)
+            driver.send_signal(signal.SIGTERM)
+            code = driver.wait(timeout=120)
+        finally:
+            kill_tree(driver.pid)
+    first = log_path.read_text()
+    assert code == 143 and "interrupted before Ray Tune saved the sweep's state" in first, (code, first[-3000:])
+    assert statuses(uri, "cli-early")[0] == "KILLED"
 
 
 def _checkpoints(folder: Path) -> set[Path]:

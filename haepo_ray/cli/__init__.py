@@ -9,7 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from haepo_ray import __version__
-from haepo_ray.cli.errors import INTERRUPTED, TERMINATED, Terminated, UsageError
+from haepo_ray.cli.errors import INTERRUPTED, TERMINATED, UsageError
+from haepo_ray.terminated import Terminated
 
 __all__ = ["UsageError", "main", "make_parser"]
 

@@ -1,5 +1,5 @@
-"""The one error type of the ``haepo`` command, the exit status of an interrupted one, SIGTERM
-as the Ctrl-C it ends as (:class:`Terminated`), and where its warnings go."""
+"""The one error type of the ``haepo`` command, the exit status of an interrupted one, and
+where its warnings go."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ def exit_status(signum: int) -> int:
 
 INTERRUPTED = exit_status(signal.SIGINT)  # 130: a command a Ctrl-C ended
 TERMINATED = exit_status(signal.SIGTERM)  # 143: ... that SIGTERM ended
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, Ray Jobs' stop, Kubernetes, SLURM), raised where a Ctrl-C's
-    ``KeyboardInterrupt`` is, so that it ends what a Ctrl-C ends (exit status 143)."""
 
 
 class UsageError(Exception):

@@ -15,7 +15,7 @@ import sys
 import threading
 from types import TracebackType
 
-from haepo_ray.cli.errors import Terminated
+from haepo_ray.terminated import Terminated
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

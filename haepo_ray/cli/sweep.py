@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from haepo_ray.cli.args import add_experiment, add_spec, add_storage_path, add_tracking_uri
-from haepo_ray.cli.errors import INTERRUPTED, UsageError, configure_logging, exit_status
+from haepo_ray.cli.errors import INTERRUPTED, TERMINATED, UsageError, configure_logging, exit_status
+from haepo_ray.terminated import Terminated
 
 
 def add_parser(subparsers) -> None:
@@ -82,10 +83,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     except (SweepError, SpecError, UpstreamVersionError, PatchSettingError) as err:
         raise UsageError(str(err)) from None
-    except KeyboardInterrupt:  # before Tune took Ctrl-C over, or a second one: no last save
+    except KeyboardInterrupt as err:  # before Tune took Ctrl-C (SIGTERM) over, or a second one: no last save
         print("\nhaepo sweep: interrupted before Ray Tune saved the sweep's state: the same command with "
               "--resume continues it from the last state Tune saved, if it saved one", file=sys.stderr)
-        return INTERRUPTED
+        return TERMINATED if isinstance(err, Terminated) else INTERRUPTED
     if result.interrupted_by is not None:
         return exit_status(signal.Signals[result.interrupted_by])
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0

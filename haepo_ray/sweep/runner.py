@@ -29,6 +29,7 @@ from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray import upstream
 from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.upstream import tune_restore
+from haepo_ray.terminated import sigterm_raises_terminated
 from haepo_ray.uris import is_uri
 
 RUN_INFO_FILE = "haepo_sweep.json"
@@ -311,58 +312,63 @@ def run_sweep(
     started_ray = init_ray(spec, address)
     callback = None
     try:
-        plan = plan.fitted(Cluster.of_ray(embedded=address is None))  # GPUs there; LM trials' memory
-        register_with_ray()  # so PPO (and any algorithm) trials can make the haepo envs
-        if resume:
-            run_dir = latest_run_dir(root)
-            if run_dir is None:
-                raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
-                                 "can restore (run it without --resume)")
-            name = run_dir.rstrip("/").rsplit("/", 1)[-1]
-            refuse_a_changed_spec(run_dir, spec)
-            refuse_a_foreign_state(run_dir, name)
-        else:
-            name, run_dir = new_run_dir(root)
+        # Until Tune's InterruptWatch takes SIGTERM (during the fit), it is a Ctrl-C: Ray's handler
+        # would abort the driver, its MLflow parent run left RUNNING.
+        with sigterm_raises_terminated():
+            plan = plan.fitted(Cluster.of_ray(embedded=address is None))  # GPUs there; LM trials' memory
+            register_with_ray()  # so PPO (and any algorithm) trials can make the haepo envs
+            if resume:
+                run_dir = latest_run_dir(root)
+                if run_dir is None:
+                    raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
+                                     "can restore (run it without --resume)")
+                name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+                refuse_a_changed_spec(run_dir, spec)
+                refuse_a_foreign_state(run_dir, name)
+            else:
+                name, run_dir = new_run_dir(root)
 
-        uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
-        watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(plan, trials, callback, run_dir, experiment,
-                                                                          watch, out),
-                               grace_s=sigterm_grace_s())
-        if track:
-            p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
-            callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
-                                     sweep_name=f"{experiment}-{name}", sweep_dir=run_dir,
-                                     resume=resume, spec_text=spec_text, address=address,
-                                     untested=untested, interrupted=watch.at_interrupt, **(callback_kwargs or {}))
-            if callback.start():
-                p(f"MLflow parent run: {callback.parent_run_id}")
-        recorder = results.TrialRecorder()
-        # The watch first: its end (Tune has stopped the trials) comes before MLflow's flush,
-        # which may take longer than a SIGTERM's grace and must not be cut short by it.
-        callbacks = [watch] + ([callback] if callback else []) + list(extra_callbacks or []) \
-            + [recorder, MetricWatch(spec.metric, plan.step_key)] \
-            + result_loggers() + tune_internals.sweep_callbacks()
-        p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
+            uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
+            watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(plan, trials, callback, run_dir,
+                                                                              experiment, watch, out),
+                                   grace_s=sigterm_grace_s())
+            if track:
+                p(f"MLflow tracking URI: {uri} (experiment {experiment!r})")
+                callback = make_callback(plan, tracking_uri=uri, experiment=experiment,
+                                         sweep_name=f"{experiment}-{name}", sweep_dir=run_dir,
+                                         resume=resume, spec_text=spec_text, address=address,
+                                         untested=untested, interrupted=watch.at_interrupt, **(callback_kwargs or {}))
+                if callback.start():
+                    p(f"MLflow parent run: {callback.parent_run_id}")
+            recorder = results.TrialRecorder()
+            # The watch first: its end (Tune has stopped the trials) comes before MLflow's flush,
+            # which may take longer than a SIGTERM's grace and must not be cut short by it.
+            callbacks = [watch] + ([callback] if callback else []) + list(extra_callbacks or []) \
+                + [recorder, MetricWatch(spec.metric, plan.step_key)] \
+                + result_loggers() + tune_internals.sweep_callbacks()
+            p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 
-        if resume:
-            tuner = _restored_tuner(run_dir, plan.trainable(), plan.param_space, callbacks)
-        else:
-            tuner = tune.Tuner(
-                plan.trainable(),
-                param_space=plan.param_space,
-                tune_config=tune_setup.tune_config(plan),
-                run_config=tune_setup.run_config(plan, storage_path=root, name=name,
-                                                 callbacks=callbacks, verbose=verbose),
-            )
-            _write_run_info(run_dir, spec, experiment, uri, callback)
-        try:
-            grid = _fit(tuner)
-        finally:
-            watch.release()
-            if callback is not None:
-                callback.close(status="KILLED")  # no-op when Tune ended the experiment itself
-        return _summary(plan, recorder.trials, grid, callback, run_dir, experiment, watch, out)
+            if resume:
+                tuner = _restored_tuner(run_dir, plan.trainable(), plan.param_space, callbacks)
+            else:
+                tuner = tune.Tuner(
+                    plan.trainable(),
+                    param_space=plan.param_space,
+                    tune_config=tune_setup.tune_config(plan),
+                    run_config=tune_setup.run_config(plan, storage_path=root, name=name,
+                                                     callbacks=callbacks, verbose=verbose),
+                )
+                _write_run_info(run_dir, spec, experiment, uri, callback)
+            try:
+                grid = _fit(tuner)
+            finally:
+                watch.release()
+                if callback is not None:
+                    callback.close(status="KILLED")  # no-op when Tune ended the experiment itself
+            return _summary(plan, recorder.trials, grid, callback, run_dir, experiment, watch, out)
     finally:
+        if callback is not None:  # interrupted before the fit's end (a no-op once closed)
+            callback.close(status="KILLED")
         if started_ray:
             ray.shutdown()
 
