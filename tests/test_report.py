@@ -172,6 +172,25 @@ def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
     assert f"haepo report: error: MLflow at {down} does not answer (" in err and "Connection refused" in err, err
 
 
+def test_a_store_of_haepo_train_runs_says_they_are_not_sweep_trials(tmp_path, capsys):
+    """A store that holds only runs of ``haepo train`` (as MLflowRun logs them): the report
+    says it found no sweep trials and what the store holds instead."""
+    from haepo_ray.tracking import MLflowRun
+
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    for seed in (0, 1):
+        run = MLflowRun(uri, "train", f"HAEPO-{seed}")
+        assert run.start({"haepo.seed": str(seed)}, {"lr": 0.01}) is not None
+        run.log_result({"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
+        run.end("FINISHED")
+    note = "it holds 2 runs of haepo train, which are not sweep trials: the report compares the trials of sweeps"
+    for args, said in (([], f"no sweep trials found at {uri}; "),
+                       (["--experiment", "train"], f"MLflow experiment 'train' at {uri} holds no sweep trials; ")):
+        assert cli.main(["report", "--tracking-uri", uri, "--out", str(tmp_path / "out"), *args]) == 2
+        assert said + note in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_search_values_of_older_stores_keep_their_names(tmp_path):
     """Sweeps now tag a trial's search values by their spec names; older ones tagged Tune's
     config paths, which still read as the setting's name."""

@@ -103,9 +103,6 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     """
     experiments = list(experiments or [])
     trials = load_trials(tracking_uri, experiments)
-    if not trials:
-        raise LookupError(f"no sweep trials found at {tracking_uri}"
-                          + (f" in experiments {experiments}" if experiments else ""))
     warnings = mixed_code_versions(trials) + (check_commit(trials, require_commit) if require_commit else [])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from haepo_ray.report.generations import Scores, read_scores
 from haepo_ray.report.histories import History, read_histories
 from haepo_ray.report.kinds import ENTROPY, HAEPO, LLM, RL, Kind
 from haepo_ray.report.records import RunRecord, trial_runs
-from haepo_ray.tracking import TRIAL_ROLE, experiment_named, open_store
+from haepo_ray.tracking import TRAIN_ROLE, TRIAL_ROLE, experiment_named, open_store
 
 ITERATION = names.TRAINING_ITERATION
 SECONDS = names.TIME_TOTAL_S
@@ -220,11 +220,19 @@ def _trial(experiment: str, run: RunRecord) -> Trial:
                  provenance={k: v for k, v in tags.items() if k.startswith(names.PROVENANCE_PREFIXES)})
 
 
+def _train_runs_note(client, exps: list) -> str:
+    """What a store without sweep trials says of the runs of ``haepo train`` in ``exps``."""
+    count = sum(len(trial_runs(client, exp.experiment_id, names.ROLE, TRAIN_ROLE)) for exp in exps)
+    return (f"; it holds {count} runs of haepo train, which are not sweep trials: the report compares the "
+            "trials of sweeps (haepo sweep)") if count else ""
+
+
 def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> list[Trial]:
     """Every trial of every sweep of ``experiments`` (default: all experiments with sweeps).
 
     Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
-    no sweep. The runs are read as records (:func:`trial_runs`), the curves of all trials in
+    no sweep, or when no trial is found (naming ``haepo train``'s runs there, which are not
+    trials). The runs are read as records (:func:`trial_runs`), the curves of all trials in
     batches (:func:`read_histories`) except those of one step (:func:`one_step`), the scores of
     language-model trials from their generations (:func:`read_scores`).
     """
@@ -237,12 +245,16 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
     for exp in exps:
         runs = trial_runs(client, exp.experiment_id, names.ROLE, TRIAL_ROLE)
         if experiments and not runs:
-            raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials")
+            raise LookupError(f"MLflow experiment {exp.name!r} at {tracking_uri} holds no sweep trials"
+                              + _train_runs_note(client, [exp]))
         for run in runs:
             if names.PARENT_RUN in run.tags:
                 trials.append(_trial(exp.name, run))
                 keys[run.run_id] = [k for k in curve_keys(run.metrics, trials[-1].kind) if trials[-1].reads(k)]
                 known[run.run_id] = one_step(run, keys[run.run_id], trials[-1].kind)
+    if not trials:
+        raise LookupError(f"no sweep trials found at {tracking_uri}"
+                          + (f" in experiments {experiments}" if experiments else "") + _train_runs_note(client, exps))
     histories = read_histories(client, {run_id: [k for k in run_keys if k not in known[run_id]]
                                         for run_id, run_keys in keys.items() if len(run_keys) > len(known[run_id])})
     for run_id, run_known in known.items():
