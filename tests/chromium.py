@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,6 +272,7 @@ def assert_zoom_and_reset(driver, plot) -> None:
     """Dragging the mouse across the middle half of a chart's plot area zooms its x axis to
     about that span (real mouse events, DevTools ``Input.dispatchMouseEvent``); a double
     click resets it."""
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
     from selenium.webdriver.support.ui import WebDriverWait
 
     full = list(driver.execute_script("return arguments[0].layout.xaxis.range.slice()", plot))
@@ -291,9 +293,12 @@ def assert_zoom_and_reset(driver, plot) -> None:
         "return arguments[0].layout.xaxis.range.slice()", plot)) != full and r)
     assert abs(zoomed[0] - (full[0] + span / 4)) < span / 20 and abs(zoomed[1] - (full[1] - span / 4)) < span / 20, \
         (full, zoomed)
-    for clicks in (1, 2):
-        for kind in ("mousePressed", "mouseReleased"):
-            driver.execute_cdp_cmd("Input.dispatchMouseEvent", {"type": kind, "x": left, "y": y, "button": "left",
-                                                                "clickCount": clicks})
+    # Plotly takes two presses as a double click only within its doubleClickDelay (300 ms): first
+    # that long after the drag's press (else one click made a double click with it), then both
+    # clicks in one WebDriver command (four DevTools calls, one by one, overran it under load).
+    time.sleep(2 * driver.execute_script("return arguments[0]._context.doubleClickDelay", plot) / 1000)
+    actions = ActionBuilder(driver)
+    actions.pointer_action.move_to_location(int(left), int(y)).double_click()
+    actions.perform()
     WebDriverWait(driver, 10).until(lambda d: d.execute_script(
         "return arguments[0].layout.xaxis.range.slice()", plot) == full)
