@@ -283,6 +283,55 @@ def test_a_sweep_with_no_finished_trial_says_how_to_report_it(tmp_path, capsys):
     assert "no trial of these sweeps finished (4 KILLED, 1 FAILED, 1 RUNNING)" in err and "--include-unfinished" in err
 
 
+def _repeated_store(tmp_path) -> str:
+    """A store whose experiment holds two sweeps of one spec, the second started a minute
+    after the first: lr=0.1 with seeds 1, 2 (returns 11, 12), then seeds 2, 3 (returns 2, 3);
+    and lr=0.2 unseeded (seed tag ``None``) in each, returns 5 then 7."""
+    import json
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    uri = sqlite_store(tmp_path / "again.db")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("again", artifact_location=(tmp_path / "artifacts").as_uri())
+    for sweep, started, trials in (("again-1", 1_000_000, ((0.1, 1, 11.0), (0.1, 2, 12.0), (0.2, None, 5.0))),
+                                   ("again-2", 1_060_000, ((0.1, 2, 2.0), (0.1, 3, 3.0), (0.2, None, 7.0)))):
+        parent = client.create_run(exp, start_time=started, tags={"haepo.role": "sweep"}).info.run_id
+        for i, (lr, seed, value) in enumerate(trials):
+            values = {"lr": lr} if seed is None else {"lr": lr, "seed": seed}
+            tags = {"mlflow.parentRunId": parent, "haepo.role": "trial", "haepo.algorithm": "HAEPO",
+                    "haepo.env": "haepo/ChainMDP-v0", "haepo.sweep": sweep, "haepo.seed": str(seed),
+                    "haepo.search_values": json.dumps(values)}
+            run = client.create_run(exp, start_time=started + 1 + i, tags=tags).info.run_id
+            client.log_batch(run, metrics=[Metric(RETURN, value, 0, 1), Metric(SECONDS, 1.0, 0, 1)])
+            client.set_terminated(run, "FINISHED")
+    return uri
+
+
+def test_a_seed_repeated_by_a_newer_sweep_counts_once(tmp_path, capsys):
+    """A sweep run again into its experiment: a configuration's seed counts once, with its
+    newest trial's value; the older trial is listed apart as a repeat. Unseeded trials are
+    samples of their own. A later report without repeats leaves no repeats.csv behind."""
+    uri = _repeated_store(tmp_path)
+    report = build_report(uri, ["again"], tmp_path / "out")
+    rows = report.table.set_index("config").to_dict("index")
+    assert (rows["lr=0.1"]["seeds"], rows["lr=0.1"]["return mean"]) == (3, pytest.approx((11 + 2 + 3) / 3))
+    assert (rows["lr=0.2"]["seeds"], rows["lr=0.2"]["return mean"]) == (2, pytest.approx(6.0))
+    assert report.repeats[["config", "seed", "sweep"]].to_dict("records") == [
+        {"config": "lr=0.1", "seed": 2, "sweep": "again-1"}]
+    assert pd.read_csv(tmp_path / "out" / "repeats.csv")["seed"].tolist() == [2]
+    title = "1 trials repeat the seed of a newer trial of their configuration (left out of the aggregates)"
+    assert title in (tmp_path / "out" / "results.md").read_text()
+    assert title in (tmp_path / "out" / "index.html").read_text()
+    assert cli.main(["report", "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert title in out and "results.csv, repeats.csv, results.md" in out
+
+    build_report(_status_store(tmp_path), ["status"], tmp_path / "out")
+    assert not (tmp_path / "out" / "repeats.csv").exists() and (tmp_path / "out" / "unfinished.csv").exists()
+
+
 def _most_apart(groups: list[Group], metric: str) -> tuple[Group, int]:
     """The (group, update) whose mean of ``metric`` lies farthest from every other group's at that update."""
     curves = {id(g): g.curve(metric) for g in groups}

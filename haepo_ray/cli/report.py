@@ -44,7 +44,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(report_text(report))
     for warning in report.warnings:  # again where a script's reader looks for trouble
         print(f"WARNING: {warning}", file=sys.stderr)
-    files = ["results.csv", *(name for name, part in report.llm_files.items() if len(part)), "results.md"]
+    files = ["results.csv", *(name for name, part in report.listed_files.items() if len(part)), "results.md"]
     print(f"\n{len(report.figures)} figures, {', '.join(files)} and index.html (with plotly.min.js) in "
           f"{report.out.resolve()}")
     return 0

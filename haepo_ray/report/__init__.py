@@ -25,6 +25,9 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
 - ``unfinished.csv`` when some trials did not finish (failed, killed, still running): they
   are listed apart in every output and left out of the aggregates unless
   ``include_unfinished`` (:mod:`~haepo_ray.report.status`);
+- ``repeats.csv`` when a sweep run again repeated the seeds of an earlier one: of a
+  configuration's trials with one seed only the newest is aggregated, the others are listed
+  apart in every output (:func:`~haepo_ray.report.status.newest_per_seed`);
 - ``provenance.csv``: per configuration, the code version, machine and Ray/RLlib/PyTorch
   versions that made its runs, in every output too, with a warning for an experiment whose
   runs mix code versions (:mod:`~haepo_ray.report.provenance`). With ``require_commit`` the
@@ -47,7 +50,7 @@ from haepo_ray.report.page import caption, render_html, write_plotly
 from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
 from haepo_ray.report.runs import load_trials
 from haepo_ray.report.sft_start import start_groups
-from haepo_ray.report.status import aggregated, unfinished_table
+from haepo_ray.report.status import aggregated, newest_per_seed, repeats_table, unfinished_table
 from haepo_ray.tables import cell, format_table
 
 __all__ = ["ProvenanceError", "Report", "build_report", "report_text"]
@@ -65,6 +68,7 @@ class Report:
     provenance: pd.DataFrame  # per configuration (:func:`provenance_table`)
     warnings: list[str]  # mixed code versions, uncommitted changes
     include_unfinished: bool = False
+    repeats: pd.DataFrame = field(default_factory=pd.DataFrame)  # seeds repeated by a newer trial (:func:`repeats_table`)
     methods: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`methods_table`)
     win_rates: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`win_rates`)
     optimised: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`optimisation_table`)
@@ -74,18 +78,21 @@ class Report:
     def extras(self) -> list[tuple[str, pd.DataFrame]]:
         """The tables after the results, with their titles: the language-model methods and
         their win rates (where there are some), the trials that did not finish (when some did
-        not), the provenance."""
+        not), the repeated seeds (when a sweep repeated some), the provenance."""
         how = "included in" if self.include_unfinished else "left out of"
         extras = [(METHODS_TITLE, texts(self.methods)), *win_rate_matrices(self.win_rates),
                   (OPTIMISED_TITLE, self.optimised), (VERDICTS_TITLE, self.verdicts),
-                  (f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished)]
+                  (f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished),
+                  (f"{len(self.repeats)} trials repeat the seed of a newer trial of their configuration (left out "
+                   "of the aggregates)", self.repeats)]
         return [e for e in extras if len(e[1])] + [("Provenance (code, machine, libraries)", self.provenance)]
 
     @property
-    def llm_files(self) -> dict[str, pd.DataFrame]:
-        """The language-model CSVs and their tables (a file is written where its table is not empty)."""
-        return {"llm_results.csv": self.methods, "win_rates.csv": self.win_rates, "optimised.csv": self.optimised,
-                "verdicts.csv": self.verdicts}
+    def listed_files(self) -> dict[str, pd.DataFrame]:
+        """The CSVs of the tables that some reports have and their tables (a file is written
+        where its table is not empty): the trials listed apart and the language-model ones."""
+        return {"unfinished.csv": self.unfinished, "repeats.csv": self.repeats, "llm_results.csv": self.methods,
+                "win_rates.csv": self.win_rates, "optimised.csv": self.optimised, "verdicts.csv": self.verdicts}
 
     @property
     def index(self) -> Path:
@@ -106,19 +113,19 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     warnings = mixed_code_versions(trials) + (check_commit(trials, require_commit) if require_commit else [])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    groups = group_trials(aggregated(trials, include_unfinished))
+    chosen, repeats = newest_per_seed(aggregated(trials, include_unfinished))
+    groups = group_trials(chosen)
     groups += start_groups(groups)
     table = results_table(groups)
     unfinished, provenance = unfinished_table(trials), provenance_table(groups)
     table.to_csv(out / "results.csv", index=False)
-    if len(unfinished):
-        unfinished.to_csv(out / "unfinished.csv", index=False)
     provenance.to_csv(out / "provenance.csv", index=False)
     figures = write_figures(groups, out)
     rates = win_rates(groups)
     report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished,
-                    methods_table(groups), rates, optimisation_table(groups), verdicts(groups, rates))
-    for name, part in report.llm_files.items():
+                    repeats_table(repeats), methods_table(groups), rates, optimisation_table(groups),
+                    verdicts(groups, rates))
+    for name, part in report.listed_files.items():
         (out / name).unlink(missing_ok=True)  # never a previous report's
         if len(part):
             numbers(part).to_csv(out / name, index=False)

@@ -6,7 +6,7 @@ one experiment and algorithm with the same configuration are seeds of one *group
 carries its metric histories, indexed by its step: the training iteration of an RL trial, the
 RL update of a language-model trial (tag ``haepo.model``; :mod:`~haepo_ray.report.kinds`), and
 its run's status: only ``FINISHED`` runs ran to their end (failed, killed and still running
-ones are :mod:`~haepo_ray.report.status`'s business).
+ones, and seeds that a later sweep repeated, are :mod:`~haepo_ray.report.status`'s business).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class Trial:
     model: str | None = None  # language-model trials: the model and the data set
     data: str | None = None
     status: str = FINISHED  # the MLflow run's: FINISHED, FAILED, KILLED, RUNNING, SCHEDULED
+    sweep: str = ""  # the sweep that ran it (tag haepo.sweep: its name and start)
     error: str = ""  # the trial's error (tag haepo.error), when it failed
     provenance: dict[str, str] = field(default_factory=dict)  # tags of haepo_ray.provenance
     # language-model trials with generations: their last evaluation's scores per prompt
@@ -216,6 +217,7 @@ def _trial(experiment: str, run: RunRecord) -> Trial:
     return Trial(experiment=experiment, run_id=run.run_id, algorithm=tags.get(names.ALGORITHM, "?"),
                  env=tags.get(names.ENV, "?"), seed=seed, config=values, params=run.params,
                  curves=pd.DataFrame(), model=model, data=tags.get(names.DATA), status=run.status,
+                 sweep=tags.get(names.SWEEP, ""),
                  error=tags.get(names.ERROR, ""),
                  provenance={k: v for k, v in tags.items() if k.startswith(names.PROVENANCE_PREFIXES)})
 
@@ -228,7 +230,8 @@ def _train_runs_note(client, exps: list) -> str:
 
 
 def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> list[Trial]:
-    """Every trial of every sweep of ``experiments`` (default: all experiments with sweeps).
+    """Every trial of every sweep of ``experiments`` (default: all experiments with sweeps),
+    each experiment's latest start first (as :func:`trial_runs` gives them).
 
     Raises ``LookupError`` naming what is missing when an experiment does not exist or holds
     no sweep, or when no trial is found (naming ``haepo train``'s runs there, which are not

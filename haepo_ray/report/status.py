@@ -1,10 +1,15 @@
-"""Which trials a report aggregates: those whose MLflow run finished.
+"""Which trials a report aggregates: those whose MLflow run finished, one per seed.
 
 A failed trial (its retries spent), a killed one (its sweep stopped) and one still running
 (or whose driver died without ``--resume``) stopped short of its stop criterion: its last
 value is not a final value and its seeds are not the configuration's. They are listed apart
 (:func:`unfinished_table`) and left out of the means, the ``seeds`` column and the figures,
 unless the report is asked to include them (``--include-unfinished``).
+
+A sweep run again into its experiment (the same spec, or one that adds seeds) repeats the
+seeds of the earlier one: a seed counted twice is not a second sample, and would narrow every
+interval over seeds. Of the trials of one configuration with one seed the newest is
+aggregated; the others are listed apart as repeats (:func:`newest_per_seed`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections import Counter
 import pandas as pd
 
 from haepo_ray.report.runs import Trial, config_label
+
+UNSEEDED = (None, "None")  # a trial's seed when its sweep set none: each such trial is a sample of its own
 
 ERROR_CHARS = 160  # of the error's last line, in the listing
 
@@ -46,3 +53,26 @@ def unfinished_table(trials: list[Trial]) -> pd.DataFrame:
                      "last step": last, "error": lines[-1][:ERROR_CHARS] if lines else "",
                      "run": t.run_id})
     return pd.DataFrame(rows)
+
+
+def newest_per_seed(trials: list[Trial]) -> tuple[list[Trial], list[Trial]]:
+    """(kept, repeats) of ``trials``, in :func:`~haepo_ray.report.runs.load_trials`'s order
+    (an experiment's latest start first): the first trial of each configuration
+    (:attr:`Trial.group`) and seed is kept, a later one is a repeat; an unseeded trial is
+    always kept."""
+    kept, repeats, seen = [], [], set()
+    for trial in trials:
+        key = (trial.group, str(trial.seed))
+        if trial.seed in UNSEEDED or key not in seen:
+            seen.add(key)
+            kept.append(trial)
+        else:
+            repeats.append(trial)
+    return kept, repeats
+
+
+def repeats_table(repeats: list[Trial]) -> pd.DataFrame:
+    """One row per repeat (:func:`newest_per_seed`): what it was, its seed, status and sweep."""
+    return pd.DataFrame([{"experiment": t.experiment, "algorithm": t.algorithm, **t.subject,
+                          "config": config_label(t.config), "seed": t.seed, "status": t.status,
+                          "sweep": t.sweep, "run": t.run_id} for t in repeats])
