@@ -56,6 +56,11 @@ def test_envs_lists_every_registered_id(capsys):
         (["--env", "haepo/ChainMDP-v0", "--set", "not_a_setting=1"], "HAEPOConfig has no setting(s) ['not_a_setting']"),
         (["--env", "haepo/ChainMDP-v0", "--set", "beta_ent=-1"], "beta_ent must be a finite number >= 0"),
         (["--env", "haepo/ChainMDP-v0", "--set", "lr"], "--set expects key=value"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "env_config={length: 0}"],
+         "env_config: haepo/ChainMDP-v0 does not take {'length': 0}: ValueError: ChainMDPEnv: length must be an "
+         "integer >= 1, got 0"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "env_config={lenght: 3}"],
+         "env_config: haepo/ChainMDP-v0 does not take {'lenght': 3}: TypeError: "),
         (["--env", "haepo/ChainMDP-v0", "--stop-iters", "0"], "--stop-iters 0: Input should be greater than or equal to 1"),
         (["--env", "haepo/ChainMDP-v0", "--stop-time", "-1"], "--stop-time -1.0: Input should be greater than 0"),
         (["--stop-iters", "3"], "give --env (or --restore a checkpoint)"),
@@ -315,6 +320,8 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
         "its run's start)")
     assert "its state does not fit the HAEPO these settings build (a --set that changes the model?)" in \
         refusal("--set", "model_config={fcnet_hiddens: [4]}")
+    assert refusal("--set", "env_config={length: 0}").startswith(
+        "haepo train: error: env_config: haepo/ChainMDP-v0 does not take {'length': 0}: ValueError: ")
     assert client.get_experiment_by_name("refused") is None, "a refusal started an MLflow run"
     assert main(["train", "--restore", str(tmp_path), "--no-tracking"]) == 2
     assert capsys.readouterr().err.strip().endswith(

@@ -85,15 +85,28 @@ def stop_spec(args: argparse.Namespace) -> StopSpec:
 
 def train_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any]):
     """The validated AlgorithmConfig of ``haepo train`` (:func:`haepo_ray.rl.configs.build_config`)."""
-    from haepo_ray.rl import configs
     from haepo_ray.envs import check_env_id
+    from haepo_ray.rl import configs
     from haepo_ray.rl.registry import UnknownAlgorithm
 
     try:
         check_env_id(env)
-        return configs.validate(configs.build_config(algo, env, seed=seed, settings=overrides))
+        config = configs.validate(configs.build_config(algo, env, seed=seed, settings=overrides))
     except (UnknownAlgorithm, ValueError) as err:
         raise UsageError(str(err)) from None
+    return _checked_env_config(config)
+
+
+def _checked_env_config(config):
+    """``config``, once its env is made from its env_config here (:func:`check_env_config`):
+    a bad env_config is a usage error, not a traceback from Ray's env runners."""
+    from haepo_ray.envs import check_env_config
+
+    try:
+        check_env_config(config.env, config.env_config)
+    except ValueError as err:
+        raise UsageError(f"env_config: {err}") from None
+    return config
 
 
 def _progress_line(result: dict[str, Any]) -> str:
@@ -152,9 +165,10 @@ def restored_config(args: argparse.Namespace, overrides: dict[str, Any]):
     args.seed = config.seed
     try:
         check_env_id(origin.env)
-        return configs.validate(configs.apply_settings(config, overrides))
+        config = configs.validate(configs.apply_settings(config, overrides))
     except ValueError as err:
         raise UsageError(str(err)) from None
+    return _checked_env_config(config)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

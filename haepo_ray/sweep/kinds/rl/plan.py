@@ -134,17 +134,16 @@ class RLPlan(Plan):
 
 
 def _check_env(spec: RLSweepSpec, source: str) -> None:
-    from haepo_ray.envs import check_env_id, make_env
+    from haepo_ray.envs import check_env_config, check_env_id
 
     try:
         check_env_id(spec.env)
     except ValueError as err:
         raise SpecError(f"{source}: env: {err}") from None
     try:
-        make_env(spec.env, spec.env_config).close()
-    except Exception as err:
-        raise SpecError(f"{source}: env_config: {spec.env} does not take {spec.env_config}: "
-                        f"{type(err).__name__}: {err}") from None
+        check_env_config(spec.env, spec.env_config)
+    except ValueError as err:
+        raise SpecError(f"{source}: env_config: {err}") from None
 
 
 def new_stack_metric(metric: str) -> str | None:
