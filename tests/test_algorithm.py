@@ -525,6 +525,36 @@ def test_tune_runs_haepo_by_name(ray_session, tmp_path):
     assert "weight_entropy" in grid[0].metrics["learners"]["default_policy"]
 
 
+def test_algorithms_resolve_by_name_importing_only_the_one_named():
+    """In a fresh interpreter: RLlib's PPO by name imports PPO alone and warns nothing (Tune's
+    lookup imports every RLlib algorithm, and DreamerV3's import made gymnasium warn of a box
+    that is not the user's env); a Tune registration of a name comes first; a typo names the
+    closest algorithm."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings\n"
+        "warnings.simplefilter('error')\n"
+        "from ray import tune\n"
+        "from ray.rllib.algorithms.dqn import DQN\n"
+        "from haepo_ray.rl.registry import UnknownAlgorithm, algorithm_class\n"
+        "print(algorithm_class('PPO').__name__, 'ray.rllib.algorithms.dreamerv3' in sys.modules)\n"
+        "tune.register_trainable('MyDQN', DQN)\n"
+        "print(algorithm_class('MyDQN').__name__, algorithm_class('HAEPO').__name__)\n"
+        "for name in ('ppo', 'GRPPO', 'Nothing'):\n"
+        "    try:\n"
+        "        algorithm_class(name)\n"
+        "    except UnknownAlgorithm as err:\n"
+        "        print(str(err).split(';')[0])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["PPO False", "DQN HAEPO", "unknown algorithm 'ppo' (did you mean PPO?)",
+                                        "unknown algorithm 'GRPPO' (did you mean GRPO?)",
+                                        "unknown algorithm 'Nothing'"]
+
+
 # --- Several learners ------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ knows (RLlib's PPO, ...).
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from importlib import import_module
 
 # name -> (module, class); the modules import RLlib, so they load on first use.
@@ -36,18 +37,24 @@ def register_algorithms() -> None:
 
 
 def algorithm_class(name: str) -> type:
-    """The RLlib Algorithm class called ``name``; raises :class:`UnknownAlgorithm`."""
+    """The RLlib Algorithm class called ``name``: haepo-ray's, else one registered with Ray
+    Tune, else RLlib's (importing that algorithm alone, where Tune's lookup imports all of
+    them); raises :class:`UnknownAlgorithm`, naming a close match."""
     if name in ALGORITHMS:
         register_algorithms()
         return _load(name)
-    from ray.tune.registry import get_trainable_cls
+    from ray.rllib.algorithms.registry import ALGORITHMS as RLLIB_ALGORITHMS
 
-    try:
-        cls = get_trainable_cls(name)
-    except Exception:
-        raise UnknownAlgorithm(
-            f"unknown algorithm {name!r}; allowed: {', '.join(known_algorithms())}"
-        ) from None
+    from haepo_ray.upstream.tune import registered_trainable
+
+    cls = registered_trainable(name)
+    if cls is None and name in RLLIB_ALGORITHMS:
+        cls = RLLIB_ALGORITHMS[name]()[0]
+    if cls is None:
+        known = known_algorithms()
+        close = [k for k in known if k.lower() == name.lower()] or get_close_matches(name, known, n=1)
+        raise UnknownAlgorithm(f"unknown algorithm {name!r}" + (f" (did you mean {close[0]}?)" if close else "")
+                               + f"; allowed: {', '.join(known)}")
     if not hasattr(cls, "get_default_config"):
         raise UnknownAlgorithm(f"{name} is registered with Ray Tune but is not an RLlib algorithm")
     return cls

@@ -53,8 +53,11 @@ Read, not patched:
 - ``ray.tune.search.sample._BackwardsCompatibleNumpyRng`` (:func:`variant_rng`): the random
   state ``BasicVariantGenerator`` draws a grid/random search's trials with; ``--dry-run``
   reproduces them.
-- ``ray.tune.registry._global_registry`` (:func:`registered_env_creator`): Ray has no public
-  lookup of a registered env; RLlib consults the same registry in ``make_env``.
+- ``ray.tune.registry._global_registry`` (:func:`registered_env_creator`,
+  :func:`registered_trainable`): Ray has no public lookup of a registered env; RLlib consults
+  the same registry in ``make_env``. Tune's public ``get_trainable_cls`` imports every RLlib
+  algorithm to look a name up, and DreamerV3's import makes a debugging env whose float64 box
+  gymnasium warns about four times, on any RLlib algorithm's run.
 - ``RAY_AIR_NEW_OUTPUT=0`` (:data:`CLASSIC_OUTPUT`): Tune's newer console output prints every
   trial's whole config (hundreds of RLlib keys) at start; the classic reporter shows the sweep's
   table. ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``: Tune adds a CSV, a JSON and a TensorBoard
@@ -207,6 +210,14 @@ def registered_env_creator(env_id: str):
     return _global_registry.get(ENV_CREATOR, env_id) if _global_registry.contains(ENV_CREATOR, env_id) else None
 
 
+def registered_trainable(name: str) -> type | None:
+    """The trainable registered with Ray Tune as ``name`` (``ray.tune.registry._global_registry``),
+    or None; RLlib's algorithms are there only once something has asked Tune for one."""
+    from ray.tune.registry import TRAINABLE_CLASS, _global_registry
+
+    return _global_registry.get(TRAINABLE_CLASS, name) if _global_registry.contains(TRAINABLE_CLASS, name) else None
+
+
 # Environment variables a sweep sets around ``tuner.fit()`` (the module docstring says why).
 CLASSIC_OUTPUT = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
 
@@ -256,7 +267,7 @@ INTERNALS = (
     Internal("ray.tune:Trainable", "_storage", "read: the trial's storage context", kind="instance"),
     Internal("ray.tune.search.sample", "_BackwardsCompatibleNumpyRng", "called: the search's random state",
              ("generator_or_seed",)),
-    Internal("ray.tune.registry", "_global_registry", "read: Ray-registered envs"),
+    Internal("ray.tune.registry", "_global_registry", "read: Ray-registered envs and trainables"),
     Internal("ray.tune.experimental.output", "RAY_AIR_NEW_OUTPUT", "set: Tune's classic output", kind="env"),
     Internal("ray.tune.utils.callback", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "set: no automatic loggers", kind="env"),
 )
