@@ -259,6 +259,26 @@ def test_search_algorithm_must_fit_the_space(tmp_path):
     assert "search.algorithm" in message and "'grid', 'random' or 'optuna'" in message
 
 
+def test_copies_of_one_trial_are_refused(tmp_path):
+    """A grid value twice, or num_samples repeating a grid whose trials have their seeds, runs
+    one trial several times; unseeded repeats, random seeds and PBT's repeats differ, and pass."""
+    message = _error(tmp_path, _spec(search_space={"lr": {"grid": [1e-3, 2e-3]}, "seed": {"grid": [0, 1, 0]}}))
+    assert "search_space.seed: grid repeats 0: each value is a trial" in message
+    message = _error(tmp_path, _spec(search={"num_samples": 2}))
+    assert "search.num_samples 2 runs each trial 2 times, each time with its seed: copies of one run" in message
+    assert "seed: {grid: [0, 1, 2, 3]}" in message
+    fixed = {"num_env_runners": 0, "seed": 7}
+    message = _error(tmp_path, _spec(search_space={"lr": {"grid": [1e-3, 2e-3]}}, settings=fixed,
+                                     search={"algorithm": "random", "num_samples": 3}))
+    assert "each time with seed 7: copies of one run" in message and "seed: {grid: [0, 1, 2]}" in message
+    for spec in (_spec(search_space={"lr": {"grid": [1e-3, 2e-3]}}, search={"num_samples": 3}),
+                 _spec(search_space={"lr": {"grid": [1e-3, 2e-3]}, "seed": {"randint": [0, 1000]}},
+                       search={"algorithm": "random", "num_samples": 3}),
+                 _spec(settings=fixed, search_space={"lr": {"grid": [1e-3, 2e-3]}}, search={"num_samples": 3},
+                       scheduler={"type": "pbt", "mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}})):
+        assert len(planned_trials(load_plan(_write(tmp_path, spec, "ok.yaml")))) == 6
+
+
 def test_missing_stop_and_required_keys(tmp_path):
     data = _spec()
     del data["stop"], data["env"]

@@ -121,4 +121,20 @@ class Plan(ABC):
             self.trial_config({})
         except SpecError as err:
             raise SpecError(f"{self.spec.source or '<spec>'}: settings: {err}") from None
+        self._check_no_copies()
         return self
+
+    def _check_no_copies(self) -> None:
+        """A SpecError when ``search.num_samples`` repeats a grid (no random axis, no PBT to
+        tell the repeats apart) whose trials have their seeds (a fixed one, or a grid axis of
+        them): copies of one run, which a report counts once."""
+        spec, n = self.spec, self.spec.search.num_samples
+        axis, fixed = spec.search_space.get("seed"), self.param_space.get("seed")
+        if (n == 1 or spec.scheduler.type == "pbt" or (axis is None and fixed is None)
+                or any(dim.kind != "grid" for dim in spec.search_space.values())):
+            return
+        seeds = len(axis.values) if axis else 1
+        raise SpecError(
+            f"{spec.source or '<spec>'}: search.num_samples {n} runs each trial {n} times, each time with "
+            f"{'its seed' if axis else f'seed {fixed}'}: copies of one run. Give the seeds more values instead "
+            f"(search_space: seed: {{grid: {list(range(n * seeds))}}}), or search.num_samples 1")

@@ -19,7 +19,7 @@ the file, the key and what is allowed. Each kind of trial adds its own keys
       batch_size: 8                # alias: episodes_per_batch (HAEPO and other algorithms
                                    # with that setting), else train_batch_size_per_learner
     search_space:                  # each entry is exactly one of:
-      seed: {grid: [0, 1, 2]}      #   grid: [v, ...]          every value (a grid axis)
+      seed: {grid: [0, 1, 2]}      #   grid: [v, ...]          every value (a grid axis; no repeats)
       lr: {loguniform: [1e-4, 1e-1]}   #   choice: [v, ...]    one value drawn per trial
       beta_ent: {uniform: [0, 0.1]}    #   uniform: [lo, hi]   / loguniform: [lo, hi] (lo > 0)
       reward_normalization: {choice: [zscore, sum]}  #  randint: [lo, hi]  (hi excluded)
@@ -28,6 +28,8 @@ the file, the key and what is allowed. Each kind of trial adds its own keys
       algorithm: grid              # grid (grid axes only), random (grid axes + draws), or
       num_samples: 1               # optuna (Optuna TPE, no grid axes); num_samples: the grid
       seed: 0                      # is repeated num_samples times / number of Optuna trials
+                                   # (repeats of a grid with seeded trials and no PBT are
+                                   # copies of one run: refused)
     scheduler:                     # FIFO (default), ASHA or Population Based Training
       type: fifo                   # asha: max_t, grace_period, reduction_factor (iterations)
                                    # pbt: perturbation_interval, mutations ({lr: {loguniform:
@@ -171,6 +173,10 @@ class Dim(SpecModel):
         if self.kind in ("grid", "choice"):
             if not v:
                 raise ValueError(f"{self.kind} needs at least one value")
+            repeated = [x for i, x in enumerate(v) if x in v[:i]]
+            if self.kind == "grid" and repeated:
+                raise ValueError(f"grid repeats {repeated[0]!r}: each value is a trial, and a value twice runs one "
+                                 "trial twice")
             return self
         if len(v) != 2 or not all(_is_number(x) for x in v):
             raise ValueError(f"{self.kind} needs [low, high] (two numbers), got {v!r}")
