@@ -284,12 +284,13 @@ def test_a_sweep_with_no_finished_trial_says_how_to_report_it(tmp_path, capsys):
 
 
 def _repeated_store(tmp_path) -> str:
-    """A store whose experiment holds two sweeps of one spec, the second started a minute
-    after the first: lr=0.1 with seeds 1, 2 (returns 11, 12), then seeds 2, 3 (returns 2, 3);
-    and lr=0.2 unseeded (seed tag ``None``) in each, returns 5 then 7."""
+    """A store whose experiment holds two sweeps, the second started a minute after the first
+    and with beta_kl 0.1 where the first had its default: lr=0.1 with seeds 1, 2 (returns 11,
+    12), then seeds 2, 3 (returns 2, 3); and lr=0.2 unseeded (seed tag ``None``) in each,
+    returns 5 then 7."""
     import json
 
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     uri = sqlite_store(tmp_path / "again.db")
@@ -304,7 +305,8 @@ def _repeated_store(tmp_path) -> str:
                     "haepo.env": "haepo/ChainMDP-v0", "haepo.sweep": sweep, "haepo.seed": str(seed),
                     "haepo.search_values": json.dumps(values)}
             run = client.create_run(exp, start_time=started + 1 + i, tags=tags).info.run_id
-            client.log_batch(run, metrics=[Metric(RETURN, value, 0, 1), Metric(SECONDS, 1.0, 0, 1)])
+            params = [Param("lr", str(lr))] + ([Param("beta_kl", "0.1")] if sweep == "again-2" else [])
+            client.log_batch(run, metrics=[Metric(RETURN, value, 0, 1), Metric(SECONDS, 1.0, 0, 1)], params=params)
             client.set_terminated(run, "FINISHED")
     return uri
 
@@ -312,9 +314,13 @@ def _repeated_store(tmp_path) -> str:
 def test_a_seed_repeated_by_a_newer_sweep_counts_once(tmp_path, capsys):
     """A sweep run again into its experiment: a configuration's seed counts once, with its
     newest trial's value; the older trial is listed apart as a repeat. Unseeded trials are
-    samples of their own. A later report without repeats leaves no repeats.csv behind."""
+    samples of their own. Seeds aggregated with different settings are warned of. A later
+    report without repeats leaves no repeats.csv behind."""
     uri = _repeated_store(tmp_path)
     report = build_report(uri, ["again"], tmp_path / "out")
+    assert report.warnings == [
+        "experiment 'again': the seeds of 2 of its configurations ran with different settings (beta_kl: (default), "
+        "0.1), from sweeps of different specs; give each spec its own experiment (haepo sweep --experiment NAME)"]
     rows = report.table.set_index("config").to_dict("index")
     assert (rows["lr=0.1"]["seeds"], rows["lr=0.1"]["return mean"]) == (3, pytest.approx((11 + 2 + 3) / 3))
     assert (rows["lr=0.2"]["seeds"], rows["lr=0.2"]["return mean"]) == (2, pytest.approx(6.0))

@@ -47,7 +47,8 @@ from haepo_ray.report.figures import Figure, write_figures
 from haepo_ray.report.llm_results import METHODS_TITLE, methods_table, numbers, texts, win_rate_matrices, win_rates
 from haepo_ray.report.optimised import OPTIMISED_TITLE, VERDICTS_TITLE, optimisation_table, verdicts
 from haepo_ray.report.page import caption, render_html, write_plotly
-from haepo_ray.report.provenance import ProvenanceError, check_commit, mixed_code_versions, provenance_table
+from haepo_ray.report.provenance import (ProvenanceError, check_commit, mixed_code_versions, mixed_settings,
+                                         provenance_table)
 from haepo_ray.report.runs import load_trials
 from haepo_ray.report.sft_start import start_groups
 from haepo_ray.report.status import aggregated, newest_per_seed, repeats_table, unfinished_table
@@ -66,7 +67,7 @@ class Report:
     figures: list[Figure]
     unfinished: pd.DataFrame  # trials whose runs did not finish (:func:`unfinished_table`)
     provenance: pd.DataFrame  # per configuration (:func:`provenance_table`)
-    warnings: list[str]  # mixed code versions, uncommitted changes
+    warnings: list[str]  # mixed code versions, uncommitted changes, seeds of one configuration with mixed settings
     include_unfinished: bool = False
     repeats: pd.DataFrame = field(default_factory=pd.DataFrame)  # seeds repeated by a newer trial (:func:`repeats_table`)
     methods: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`methods_table`)
@@ -115,6 +116,7 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     out.mkdir(parents=True, exist_ok=True)
     chosen, repeats = newest_per_seed(aggregated(trials, include_unfinished))
     groups = group_trials(chosen)
+    warnings += mixed_settings(groups)
     groups += start_groups(groups)
     table = results_table(groups)
     unfinished, provenance = unfinished_table(trials), provenance_table(groups)

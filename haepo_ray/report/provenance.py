@@ -1,7 +1,8 @@
 """Which code, machine and libraries made a report's trials (the tags that
-:mod:`haepo_ray.provenance` writes), per configuration, and two checks on them: an experiment
-whose runs mix code versions is flagged, and a report can require one commit for every run
-(``bench/reproduce.sh`` requires its checkout's).
+:mod:`haepo_ray.provenance` writes), per configuration, and three checks on them: an experiment
+whose runs mix code versions is flagged, so is a configuration whose seeds ran with different
+settings (sweeps of different specs in one experiment), and a report can require one commit for
+every run (``bench/reproduce.sh`` requires its checkout's).
 
 Runs logged before these tags existed show ``unknown``.
 """
@@ -77,6 +78,26 @@ def mixed_code_versions(trials: list[Trial]) -> list[str]:
     return [f"experiment {name!r} mixes code versions: {_distinct(members, code_label)}"
             for name, members in sorted(by_experiment.items())
             if len({code_label(t.provenance) for t in members}) > 1]
+
+
+def mixed_settings(groups: list[Group]) -> list[str]:
+    """A warning per experiment some of whose configurations have seeds that ran with
+    different settings (their trials' MLflow params differ other than in the seed): the report
+    averages them as seeds of one configuration."""
+    mixed: dict[str, tuple[int, dict[str, set[str]]]] = {}
+    for g in groups:
+        keys = {k for t in g.trials for k in t.params} - {"seed"}
+        differ = {k: {t.params.get(k, "(default)") for t in g.trials} for k in keys}
+        differ = {k: values for k, values in differ.items() if len(values) > 1}
+        if differ:
+            count, settings = mixed.get(g.experiment, (0, {}))
+            for k, values in differ.items():
+                settings.setdefault(k, set()).update(values)
+            mixed[g.experiment] = (count + 1, settings)
+    return [f"experiment {name!r}: the seeds of {count} of its configurations ran with different settings ("
+            + "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(settings.items()))
+            + "), from sweeps of different specs; give each spec its own experiment (haepo sweep --experiment NAME)"
+            for name, (count, settings) in sorted(mixed.items())]
 
 
 def check_commit(trials: list[Trial], commit: str) -> list[str]:
