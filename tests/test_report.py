@@ -161,6 +161,10 @@ def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
     assert cli.main(["report", "--tracking-uri", uri, "--experiment", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no MLflow experiment 'nope'" in err and "report-bandit" in err
+    (tmp_path / "a-file").write_text("")
+    for out in ("a-file", "a-file/report"):
+        assert cli.main(["report", "--tracking-uri", uri, "--out", str(tmp_path / out)]) == 2
+        assert f"--out {tmp_path / out}: {tmp_path / 'a-file'} is a file, not a folder" in capsys.readouterr().err
     missing = f"sqlite:///{tmp_path / 'missing.db'}"
     assert cli.main(["report", "--tracking-uri", missing, "--out", str(tmp_path)]) == 2
     assert "no MLflow store at" in capsys.readouterr().err
@@ -327,6 +331,8 @@ def test_a_seed_repeated_by_a_newer_sweep_counts_once(tmp_path, capsys):
     assert report.repeats[["config", "seed", "sweep"]].to_dict("records") == [
         {"config": "lr=0.1", "seed": 2, "sweep": "again-1"}]
     assert pd.read_csv(tmp_path / "out" / "repeats.csv")["seed"].tolist() == [2]
+    twice = build_report(uri, ["again", "again"], tmp_path / "twice")  # an experiment named twice is read once
+    assert twice.table.equals(report.table) and len(twice.repeats) == 1
     title = "1 trials repeat the seed of a newer trial of their configuration (left out of the aggregates)"
     assert title in (tmp_path / "out" / "results.md").read_text()
     assert title in (tmp_path / "out" / "index.html").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from haepo_ray.report import ProvenanceError, build_report, report_text
     from haepo_ray.tracking import resolve_tracking_uri
 
+    _check_out(Path(args.out))
     uri = resolve_tracking_uri(args.tracking_uri, create=False)
     try:
         report = build_report(uri, args.experiment, args.out, include_unfinished=args.include_unfinished,
@@ -48,3 +50,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"\n{len(report.figures)} figures, {', '.join(files)} and index.html (with plotly.min.js) in "
           f"{report.out.resolve()}")
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """A UsageError, before MLflow is read, when ``out`` cannot be the report's folder: it, or
+    the nearest of its parents that exists, is a file or not writable. Nothing is created."""
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: {existing} is not writable")

@@ -240,8 +240,8 @@ def load_trials(tracking_uri: str, experiments: Iterable[str] | None = None) -> 
     language-model trials from their generations (:func:`read_scores`).
     """
     client = open_store(tracking_uri)
-    exps = ([experiment_named(client, name) for name in experiments] if experiments
-            else client.search_experiments())
+    exps = ([experiment_named(client, name) for name in dict.fromkeys(experiments)] if experiments
+            else client.search_experiments())  # an experiment named twice is read once
     trials: list[Trial] = []
     keys: dict[str, list[str]] = {}  # run id -> its curves' metric keys
     known: dict[str, dict[str, History]] = {}  # run id -> the histories of its one-step metrics
