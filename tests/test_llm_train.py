@@ -256,6 +256,15 @@ def test_cli_usage_errors(tmp_path, capsys, argv, message):
     assert re.search(message, err), err
 
 
+def test_an_out_folder_that_is_a_file_is_a_usage_error_before_any_work(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    for argv in (["train", "--model", "tiny", "--out", str(tmp_path / "a-file" / "run")],
+                 ["eval-form", "--generations", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "a-file")]):
+        assert main(["llm", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"haepo llm: error: --out {argv[-1]}: {tmp_path / 'a-file'} is a file, not a folder"), err
+
+
 @pytest.mark.slow
 def test_smollm2_on_aclsum_end_to_end(tmp_path):
     rows = train(LLMTrainSettings(model="smollm2", sft_examples=2, sft_batch=2, rl_updates=2, batch_prompts=1,

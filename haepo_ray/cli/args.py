@@ -1,8 +1,13 @@
-"""Command-line options that several ``haepo`` sub-commands share, declared once."""
+"""Command-line options that several ``haepo`` sub-commands share, declared once, and the
+check of an output folder they share."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+
+from haepo_ray.cli.errors import UsageError
 
 TRACKING_URI_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
                      "sqlite:///<cwd>/.haepo/mlflow.db)")
@@ -26,3 +31,15 @@ def add_experiment(p: argparse.ArgumentParser, help: str = EXPERIMENT_HELP, *, r
 
 def add_storage_path(p: argparse.ArgumentParser, help: str = STORAGE_PATH_HELP) -> None:
     p.add_argument("--storage-path", metavar="PATH", help=help)
+
+
+def check_out_folder(out: str | Path, option: str = "--out") -> Path:
+    """``out`` as a Path; a UsageError, before any work, when it cannot be an output folder:
+    it, or the nearest of its parents that exists, is a file or not writable. Nothing is created."""
+    out = Path(out)
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{option} {out}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {out}: {existing} is not writable")
+    return out

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from haepo_ray.cli import llm_eval, llm_memory
+from haepo_ray.cli.args import check_out_folder
 from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
 from haepo_ray.llm.settings import LLMTrainSettings
 
@@ -34,7 +35,7 @@ def cmd_llm_train(args: argparse.Namespace) -> int:
     from haepo_ray.llm.train import train
 
     settings = settings_from_args(args, _TRAIN_FIELDS)
-    out = Path(args.out or Path(".haepo") / "llm" / f"{args.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = check_out_folder(args.out or Path(".haepo") / "llm" / f"{args.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         train(settings, out, callback=_print_row)
     except ValueError as err:  # bad data file, model that cannot load offline, NaN reward

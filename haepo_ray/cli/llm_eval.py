@@ -45,6 +45,7 @@ def add_parsers(llm_subparsers) -> None:
 
 
 def cmd_eval_form(args: argparse.Namespace) -> int:
+    from haepo_ray.cli.args import check_out_folder
     from haepo_ray.cli.errors import UsageError
     from haepo_ray.llm.eval_form import generations_from_mlflow, pick_forms, read_generations, write_form
     from haepo_ray.tracking import resolve_tracking_uri
@@ -52,6 +53,7 @@ def cmd_eval_form(args: argparse.Namespace) -> int:
     if not (args.experiment or args.generations):
         raise UsageError("where are the generations? give --experiment NAME (trial runs in MLflow) "
                          "and/or --generations FILE ...")
+    check_out_folder(args.out)
     try:
         records = [r for path in args.generations for r in read_generations(path)]
         if args.experiment:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from haepo_ray.cli.args import add_experiment, add_tracking_uri
+from haepo_ray.cli.args import add_experiment, add_tracking_uri, check_out_folder
 from haepo_ray.cli.errors import UsageError
 
 
@@ -36,7 +35,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from haepo_ray.report import ProvenanceError, build_report, report_text
     from haepo_ray.tracking import resolve_tracking_uri
 
-    _check_out(Path(args.out))
+    check_out_folder(args.out)
     uri = resolve_tracking_uri(args.tracking_uri, create=False)
     try:
         report = build_report(uri, args.experiment, args.out, include_unfinished=args.include_unfinished,
@@ -51,12 +50,3 @@ def cmd_report(args: argparse.Namespace) -> int:
           f"{report.out.resolve()}")
     return 0
 
-
-def _check_out(out: Path) -> None:
-    """A UsageError, before MLflow is read, when ``out`` cannot be the report's folder: it, or
-    the nearest of its parents that exists, is a file or not writable. Nothing is created."""
-    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise UsageError(f"--out {out}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: {existing} is not writable")
