@@ -106,6 +106,14 @@ def llm_trial_run(client, experiment_id: str, parent: str, root: Path, *, algori
     return run_id
 
 
+def fresh_python(code: str, timeout: float = 120) -> list[str]:
+    """The lines ``code`` prints in a fresh interpreter (nothing imported first), once it
+    exited 0 (else the test fails with the end of its stderr)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()
+
+
 def run_tree(args: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)``, except
     that a timeout kills every process under the child too (a sweep's driver in its own session,

@@ -530,8 +530,7 @@ def test_algorithms_resolve_by_name_importing_only_the_one_named():
     lookup imports every RLlib algorithm, and DreamerV3's import made gymnasium warn of a box
     that is not the user's env); a Tune registration of a name comes first; a typo names the
     closest algorithm."""
-    import subprocess
-    import sys
+    from helpers import fresh_python
 
     code = (
         "import sys, warnings\n"
@@ -548,11 +547,8 @@ def test_algorithms_resolve_by_name_importing_only_the_one_named():
         "    except UnknownAlgorithm as err:\n"
         "        print(str(err).split(';')[0])\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines() == ["PPO False", "DQN HAEPO", "unknown algorithm 'ppo' (did you mean PPO?)",
-                                        "unknown algorithm 'GRPPO' (did you mean GRPO?)",
-                                        "unknown algorithm 'Nothing'"]
+    assert fresh_python(code) == ["PPO False", "DQN HAEPO", "unknown algorithm 'ppo' (did you mean PPO?)",
+                                  "unknown algorithm 'GRPPO' (did you mean GRPO?)", "unknown algorithm 'Nothing'"]
 
 
 # --- Several learners ------------------------------------------------------------------------

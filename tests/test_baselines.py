@@ -4,11 +4,10 @@ differences, their degenerate inputs, and both algorithms learning on a real loc
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import fresh_python
 
 from haepo_ray.rl.baselines import DPO, GRPO, DPOConfig, GRPOConfig
 from haepo_ray.baseline_losses import GRPO_ADVANTAGE_EPS, dpo_loss, group_advantage, grpo_loss, preference_pairs
@@ -343,9 +342,7 @@ def test_a_sweep_spec_names_the_baselines_in_a_fresh_interpreter():
         "    config = plan.trial_config({})\n"
         "    print(type(config).__name__, getattr(config, key))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split("\n")[:2] == ["DPOConfig 0.3", "GRPOConfig 0.3"]
+    assert fresh_python(code)[:2] == ["DPOConfig 0.3", "GRPOConfig 0.3"]
 
 
 # --- Learning on a real local Ray ----------------------------------------------------------
