@@ -1,11 +1,16 @@
-"""How a sweep's new run is named (haepo_ray/sweep/paths.py)."""
+"""Where a sweep's runs go and how a new run is named (haepo_ray/sweep/paths.py)."""
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
+import pytest
+
+from haepo_ray import cli
 from haepo_ray.sweep import paths
+from haepo_ray.sweep.kinds import load_plan
 
 
 def _frozen_clock(monkeypatch, seconds: list[str]) -> list[float]:
@@ -14,10 +19,12 @@ def _frozen_clock(monkeypatch, seconds: list[str]) -> list[float]:
     stamps = iter(seconds)
     last = [seconds[0]]
     real = time.strftime
+    # parsed before strftime is patched: strptime's first call imports _strptime, which calls strftime
+    parsed = {stamp: time.strptime(stamp, "%Y%m%d-%H%M%S") for stamp in seconds}
 
     def strftime(fmt: str, *args) -> str:
         last[0] = next(stamps, last[0])
-        return real(fmt, time.strptime(last[0], "%Y%m%d-%H%M%S"))
+        return real(fmt, parsed[last[0]])
 
     slept: list[float] = []
     monkeypatch.setattr(paths.time, "strftime", strftime)
@@ -47,3 +54,18 @@ def test_a_second_run_of_one_experiment_in_the_same_second_waits_for_the_next(tm
     assert slept == [1.0]
     assert first.startswith("20261127-004808-") and second.startswith("20261127-004809-")
     assert sorted([second, first], reverse=True)[0] == second
+
+
+@pytest.mark.parametrize("name", ["a/b", "../x", "a\\b", "..", ".", ""])
+def test_an_experiment_that_is_not_one_folder_is_refused(name, tmp_path, capsys):
+    """The experiment names the one folder of a sweep's runs under the root: ``a/b`` put its
+    runs among experiment ``a``'s, ``../x`` left the root."""
+    spec = load_plan(Path(__file__).parents[1] / "tune_configs" / "smoke.yaml").spec
+    with pytest.raises(ValueError, match=re.escape(f"experiment {name!r}: it names one folder")):
+        paths.experiment_root(spec, name or None, str(tmp_path)) if name else paths.check_experiment(name)
+    for command in (["sweep", "tune_configs/smoke.yaml", "--dry-run"], ["submit", "tune_configs/smoke.yaml"]):
+        with pytest.raises(SystemExit) as exit:
+            cli.main([*command, "--experiment", name])
+        assert exit.value.code == 2
+        assert f"argument --experiment: experiment {name!r}: it names one folder" in capsys.readouterr().err
+    assert paths.experiment_root(spec, "my sweep", str(tmp_path)) == f"{tmp_path}/my sweep"

@@ -25,8 +25,21 @@ def add_tracking_uri(p: argparse.ArgumentParser, help: str = TRACKING_URI_HELP) 
     p.add_argument("--tracking-uri", metavar="URI", help=help)
 
 
-def add_experiment(p: argparse.ArgumentParser, help: str = EXPERIMENT_HELP, *, repeat: bool = False) -> None:
-    p.add_argument("--experiment", metavar="NAME", help=help, action="append" if repeat else "store")
+def add_experiment(p: argparse.ArgumentParser, help: str = EXPERIMENT_HELP, *, repeat: bool = False,
+                   folder: bool = False) -> None:
+    """``--experiment NAME``; with ``folder`` (a sweep's: it names the folder of its runs) a
+    name that is not one folder is a usage error (:func:`~haepo_ray.sweep.paths.check_experiment`)."""
+    p.add_argument("--experiment", metavar="NAME", help=help, action="append" if repeat else "store",
+                   type=_folder_name if folder else str)
+
+
+def _folder_name(name: str) -> str:
+    from haepo_ray.sweep.paths import check_experiment
+
+    try:
+        return check_experiment(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_storage_path(p: argparse.ArgumentParser, help: str = STORAGE_PATH_HELP) -> None:

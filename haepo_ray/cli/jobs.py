@@ -68,7 +68,7 @@ def add_parsers(subparsers) -> None:
     add_storage_path(submit, "Ray results and checkpoints, a path every node reaches (NFS, "
                              "s3://...) (default: the spec's storage_path, else "
                              "$HAEPO_STORAGE_PATH here, else $HAEPO_STORAGE_PATH on the head)")
-    add_experiment(submit, "as for haepo sweep")
+    add_experiment(submit, "as for haepo sweep", folder=True)
     submit.add_argument("--resume", action="store_true",
                         help="continue the newest run of this experiment in the storage path")
     submit.add_argument("--working-dir", metavar="DIR",

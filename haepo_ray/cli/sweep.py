@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
                         "submit the sweep as a Ray job (ray job submit -- haepo sweep SPEC "
                         "--address auto)")
     add_tracking_uri(p)
-    add_experiment(p)
+    add_experiment(p, folder=True)
     p.add_argument("--resume", action="store_true",
                    help="continue the newest run of this experiment (after a crash or kill): "
                         "finished trials stay finished, the others restart from their last "

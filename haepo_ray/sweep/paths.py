@@ -13,17 +13,28 @@ from pathlib import Path
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray.uris import is_uri
 
-__all__ = ["DEFAULT_STORAGE", "experiment_root", "latest_run_dir", "new_run_dir"]
+__all__ = ["DEFAULT_STORAGE", "check_experiment", "experiment_root", "latest_run_dir", "new_run_dir"]
 
 DEFAULT_STORAGE = Path(".haepo") / "ray_results"
 
 
+def check_experiment(name: str) -> str:
+    """``name``, once it can be a sweep's experiment, the one folder of its runs under the
+    root; ``ValueError`` for an empty name, a path (``a/b`` puts its runs inside experiment
+    ``a``'s folder, among ``a``'s runs; ``../x`` leaves the root), ``.`` or ``..``."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"experiment {name!r}: it names one folder of the sweep's runs, so it is not empty, has "
+                         "no / or \\ and is not . or ..")
+    return name
+
+
 def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path: str | None = None) -> str:
-    """``<root>/<experiment>``: a local path made absolute, or a URI (``s3://...``) as given."""
+    """``<root>/<experiment>``: a local path made absolute, or a URI (``s3://...``) as given;
+    ``ValueError`` for an experiment that is not one folder (:func:`check_experiment`)."""
     root = storage_path or spec.storage_path or str(Path.cwd() / DEFAULT_STORAGE)
     if not is_uri(root):
         root = str(Path(root).expanduser().resolve())
-    return f"{root.rstrip('/')}/{experiment or spec.experiment}"
+    return f"{root.rstrip('/')}/{check_experiment(experiment or spec.experiment)}"
 
 
 def new_run_dir(root: str) -> tuple[str, str]:
