@@ -204,18 +204,26 @@ def variant_rng(seed: int | None):
 
 
 def registered_env_creator(env_id: str):
-    """The creator of a Ray-registered env (``ray.tune.registry._global_registry``), or None."""
-    from ray.tune.registry import ENV_CREATOR, _global_registry
+    """The creator of a Ray-registered env, or None."""
+    from ray.tune.registry import ENV_CREATOR
 
-    return _global_registry.get(ENV_CREATOR, env_id) if _global_registry.contains(ENV_CREATOR, env_id) else None
+    return _registered(ENV_CREATOR, env_id)
 
 
 def registered_trainable(name: str) -> type | None:
-    """The trainable registered with Ray Tune as ``name`` (``ray.tune.registry._global_registry``),
-    or None; RLlib's algorithms are there only once something has asked Tune for one."""
-    from ray.tune.registry import TRAINABLE_CLASS, _global_registry
+    """The trainable registered with Ray Tune as ``name``, or None; RLlib's algorithms are there
+    only once something has asked Tune for one."""
+    from ray.tune.registry import TRAINABLE_CLASS
 
-    return _global_registry.get(TRAINABLE_CLASS, name) if _global_registry.contains(TRAINABLE_CLASS, name) else None
+    return _registered(TRAINABLE_CLASS, name)
+
+
+def _registered(category: str, key: str):
+    """What Ray Tune's registry (``ray.tune.registry._global_registry``) holds as ``key`` of
+    ``category``, or None."""
+    from ray.tune.registry import _global_registry
+
+    return _global_registry.get(category, key) if _global_registry.contains(category, key) else None
 
 
 # Environment variables a sweep sets around ``tuner.fit()`` (the module docstring says why).
