@@ -49,4 +49,3 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"\n{len(report.figures)} figures, {', '.join(files)} and index.html (with plotly.min.js) in "
           f"{report.out.resolve()}")
     return 0
-
