@@ -236,6 +236,14 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
     assert [json.loads(x)["phase"] for x in (out / "metrics.jsonl").read_text().splitlines()] == ["sft", "rl", "rl"]
     assert len((out / "generations.jsonl").read_text().splitlines()) == 1
 
+    # the same --out again: refused before any work, the first run's files as they were
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert main(["llm", "train", "--model", "tiny", "--rl-updates", "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"haepo llm: error: --out {out} holds config.json, generations.jsonl, metrics.jsonl already, which this run "
+        "would overwrite or mix with its own: give a new or empty folder (or remove that one)")
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--group-size", "0"], "group_size must be an integer >= 1, got 0"),

@@ -35,7 +35,8 @@ def cmd_llm_train(args: argparse.Namespace) -> int:
     from haepo_ray.llm.train import train
 
     settings = settings_from_args(args, _TRAIN_FIELDS)
-    out = check_out_folder(args.out or Path(".haepo") / "llm" / f"{args.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = check_out_folder(args.out or Path(".haepo") / "llm" / f"{args.algo}-{time.strftime('%Y%m%d-%H%M%S')}",
+                           new=True)
     try:
         train(settings, out, callback=_print_row)
     except ValueError as err:  # bad data file, model that cannot load offline, NaN reward
@@ -55,7 +56,7 @@ def add_parser(subparsers: Any) -> None:
                     "smollm2, --data aclsum.",
     )
     add_settings_options(p, _TRAIN_FIELDS)
-    p.add_argument("--out", metavar="DIR", help="output folder (default .haepo/llm/ALGO-TIME)")
+    p.add_argument("--out", metavar="DIR", help="a new or empty output folder (default .haepo/llm/ALGO-TIME)")
     p.set_defaults(func=cmd_llm_train)
     llm_memory.add_parser(llm_sub)
     llm_eval.add_parsers(llm_sub)

@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from haepo_ray import names
-from haepo_ray.cli.args import add_experiment, add_tracking_uri
+from haepo_ray.cli.args import add_experiment, add_tracking_uri, check_out_folder
 from haepo_ray.cli.errors import UsageError, configure_logging
 from haepo_ray.cli.signals import StopRequest
 from haepo_ray.sweep.spec import StopSpec
@@ -44,7 +44,9 @@ def add_parser(subparsers) -> None:
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="an algorithm setting, value in YAML, e.g. --set lr=0.01 (repeatable; with "
                             "--restore: over the checkpoint's settings)")
-    train.add_argument("--checkpoint-dir", help="where to write the final checkpoint")
+    train.add_argument("--checkpoint-dir", metavar="DIR",
+                       help="a new or empty folder for the final checkpoint (default: "
+                            ".haepo/checkpoints/ALGO-ENV-TIME)")
     train.add_argument("--restore", metavar="CHECKPOINT",
                        help="go on from a checkpoint of haepo train or of a sweep's trial, with its "
                             "settings: weights, optimizer, reference policy, env runners and iteration count "
@@ -183,6 +185,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.algo, args.seed = args.algo or DEFAULT_ALGO, DEFAULT_SEED if args.seed is None else args.seed
         config = train_config(args.algo, args.env, args.seed, overrides)
     name = f"{args.algo}-{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # before training, which a checkpoint that cannot be written would lose
+    out = check_out_folder(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name, "--checkpoint-dir",
+                           new=True).resolve()
     from haepo_ray import upstream
 
     try:  # HAEPO's env runner's overrides, before Ray starts (their warning is logged where they apply)
@@ -203,7 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if args.restore:  # its refusals come before the MLflow run, which would end FAILED
                 _restore(algo, args, stop)
             run = None if args.no_tracking or request.signum is not None else _start_run(args, config, stop, name)
-            _train(algo, args, stop, name, run, request)
+            _train(algo, stop, out, run, request)
         finally:
             if algo is not None:
                 algo.stop()
@@ -212,9 +217,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(algo, args: argparse.Namespace, stop: StopSpec, name: str, run, request: StopRequest) -> None:
-    """Trains ``algo`` until ``stop`` or ``request``, saves its checkpoint (none before the
-    first iteration, or on an interrupt at once) and ends ``run``."""
+def _train(algo, stop: StopSpec, out: Path, run, request: StopRequest) -> None:
+    """Trains ``algo`` until ``stop`` or ``request``, saves its checkpoint in ``out`` (none before
+    the first iteration, or on an interrupt at once) and ends ``run``."""
     status, checkpoint, error, result = "FAILED", None, None, None
     try:
         while request.signum is None:
@@ -225,7 +230,6 @@ def _train(algo, args: argparse.Namespace, stop: StopSpec, name: str, run, reque
             if stop.reached(result):
                 break
         if result is not None:
-            out = Path(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name).resolve()
             algo.save_to_path(out)
             print(f"checkpoint: {out}")
             checkpoint = out
