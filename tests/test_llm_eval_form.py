@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -143,6 +144,19 @@ def test_forms_are_blinded_escaped_and_reproducible(files, tmp_path, capsys):
     assert _run([*argv, "--out", str(tmp_path / "again")]) == 0
     for path in out.iterdir():
         assert (tmp_path / "again" / path.name).read_text() == path.read_text()
+    # Into the same folder: the same forms again are written; other forms (another --seed) are
+    # refused before any file changes, since a key is the only record of its handed-out form.
+    written = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert _run([*argv, "--out", str(out)]) == 0
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(out / 'key-seed0.csv'))} is the key of another form "
+                                         "of training seed 0, which the answers to that form need: write these "
+                                         "forms to another folder, or move that key away first$"):
+        _run([*argv[:-1], "5", "--out", str(out)])
+    (out / "key-seed0.csv").unlink()  # seed 1's key is still there: refused all the same
+    with pytest.raises(UsageError, match="key-seed1.csv is the key of another form of training seed 1"):
+        _run([*argv[:-1], "5", "--out", str(out)])
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == {
+        name: data for name, data in written.items() if name != "key-seed0.csv"}
     assert _run([*argv, "--out", str(tmp_path / "one"), "--seeds", "1"]) == 0
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["form-seed1.html", "key-seed1.csv"]
     assert (tmp_path / "one" / "key-seed1.csv").read_text() == (out / "key-seed1.csv").read_text()

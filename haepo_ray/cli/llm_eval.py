@@ -47,7 +47,7 @@ def add_parsers(llm_subparsers) -> None:
 def cmd_eval_form(args: argparse.Namespace) -> int:
     from haepo_ray.cli.args import check_out_folder
     from haepo_ray.cli.errors import UsageError
-    from haepo_ray.llm.eval_form import generations_from_mlflow, pick_forms, read_generations, write_form
+    from haepo_ray.llm.eval_form import generations_from_mlflow, pick_forms, read_generations, write_forms
     from haepo_ray.tracking import resolve_tracking_uri
 
     if not (args.experiment or args.generations):
@@ -60,11 +60,11 @@ def cmd_eval_form(args: argparse.Namespace) -> int:
             uri = resolve_tracking_uri(args.tracking_uri, create=False)
             records += generations_from_mlflow(args.experiment, uri)
         forms = pick_forms(records, args.posts, args.seed, args.seeds)
+        written = write_forms(forms, args.out)
     except (ValueError, LookupError) as err:
         raise UsageError(str(err)) from None
     keys = []
-    for seed, pages in forms.items():
-        form, key = write_form(pages, args.out)
+    for (seed, pages), (form, key) in zip(forms.items(), written):
         keys.append(str(key))
         print(f"training seed {seed}: {len(pages)} posts x {len(pages[0].slots)} summaries: "
               f"give {form} to its raters; keep {key}")

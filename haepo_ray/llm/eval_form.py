@@ -17,7 +17,8 @@ else its algorithm. Output, in one folder, per training seed ``S``:
   and its summaries by slot number only; nothing in it names a method, model, run or seed.
 - ``key-seedS.csv``: one row per post x slot, :data:`KEY_COLUMNS`; ``rouge_l`` is the
   summary's ROUGE-L F1 against the author's TL;DR, which decides the alignment rate
-  (:mod:`haepo_ray.llm.eval_score`). Keep it away from the raters.
+  (:mod:`haepo_ray.llm.eval_score`). Keep it away from the raters. A key of another form is
+  never replaced (:func:`write_forms`).
 
 Selection, from ``--seed``: per form (training seed) and (method, model) one run of that seed
 (a random one when several runs of one method share it); per run and prompt the completion of
@@ -30,10 +31,11 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,22 +229,48 @@ def key_rows(pages: Sequence[Post]) -> list[dict[str, str]]:
     return [{"form_id": form_id, **row} for row in rows]
 
 
+def write_forms(forms: Mapping[int, Sequence[Post]], out_dir: str | Path) -> list[tuple[Path, Path]]:
+    """Write every form of ``forms`` (:func:`pick_forms`) with :func:`write_form`; a ValueError,
+    before any is written, where one would replace the key of another form."""
+    for pages in forms.values():
+        _check_key(pages, Path(out_dir))
+    return [write_form(pages, out_dir) for pages in forms.values()]
+
+
 def write_form(pages: Sequence[Post], out_dir: str | Path) -> tuple[Path, Path]:
     """Write the form of one training seed ``S``, ``form-seedS.html`` and ``key-seedS.csv``,
-    into ``out_dir``; return their paths."""
+    into ``out_dir``; return their paths. A ValueError, before anything is written, where
+    ``out_dir`` holds another key of that seed."""
     from haepo_ray.llm.eval_page import render_form
 
+    out = Path(out_dir)
+    seed, rows = _check_key(pages, out)
+    out.mkdir(parents=True, exist_ok=True)
+    form, key = out / f"form-seed{seed}.html", out / f"key-seed{seed}.csv"
+    form.write_text(render_form(pages, rows[0]["form_id"]), encoding="utf-8")
+    key.write_bytes(_key_csv(rows))
+    return form, key
+
+
+def _check_key(pages: Sequence[Post], out: Path) -> tuple[int, list[dict[str, str]]]:
+    """The training seed of ``pages`` and their key's rows; a ValueError where ``out`` holds
+    another key of that seed: the only record of what the slots of its form, which may have
+    been handed out already, hold."""
     seeds = {g.seed for page in pages for g in page.slots}
     if len(seeds) != 1:
         raise ValueError(f"a form's summaries come from one training seed, these from seeds {sorted(seeds)}")
-    seed = seeds.pop()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    (seed,) = seeds
     rows = key_rows(pages)
-    form, key = out / f"form-seed{seed}.html", out / f"key-seed{seed}.csv"
-    form.write_text(render_form(pages, rows[0]["form_id"]), encoding="utf-8")
-    with key.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, KEY_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    return form, key
+    key = out / f"key-seed{seed}.csv"
+    if key.exists() and key.read_bytes() != _key_csv(rows):
+        raise ValueError(f"{key} is the key of another form of training seed {seed}, which the answers to that "
+                         "form need: write these forms to another folder, or move that key away first")
+    return seed, rows
+
+
+def _key_csv(rows: list[dict[str, str]]) -> bytes:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, KEY_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode("utf-8")
