@@ -14,7 +14,9 @@ tokens (min_new_tokens = max_new_tokens, as the simulator assumes).
 The configurations (:data:`CONFIGS`): those settings as given (micro-batches of 4), the whole
 update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpointing, static
 decoding (``decoding`` static: a static KV cache, whose decode step transformers compiles on
-CUDA; timed after the first run, which compiles), and a planned fit (HAEPO only:
+CUDA; timed after the first run, which compiles), static decoding with every prompt's group
+in one ``generate`` call (``generation`` batch: a decode step reads the weights once for 16
+rows, not once per group of 4), and a planned fit (HAEPO only:
 :class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one pass against
 :data:`PLAN_GIB` of memory, and the step runs with its choice).
 
@@ -30,7 +32,8 @@ Per algorithm, on ``--device cuda``:
   group's generation, reference pass, update), ``torch.cuda.max_memory_allocated`` (the
   largest phase peak) and ``max_memory_reserved``, after ``empty_cache`` and
   ``reset_peak_memory_stats`` and with the previous algorithm's model freed;
-- time: one update's wall time (one group's generation x 4 prompts + reference + update),
+- time: one update's wall time (one ``generate`` call's time x the update's calls, 4 or 1 +
+  reference + update),
   from a second run (the first pays for CUDA's lazy kernel loading and cuBLAS's heuristics),
   against :func:`~haepo_ray.llm.capacity.accelerators.phase_seconds`' roofline at its default
   efficiency for the GPU by name (H100 if the name is unknown).
@@ -66,7 +69,7 @@ from haepo_ray.llm.capacity.accelerators import ACCELERATORS, EFFICIENCY, phase_
 from haepo_ray.llm.capacity.estimate import CUDA_CONTEXT_BYTES, estimate, memory_key  # noqa: E402
 from haepo_ray.llm.capacity.measure import measure, run_cuda, time_step  # noqa: E402
 from haepo_ray.llm.capacity.model_configs import model_config  # noqa: E402
-from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes, generation_rows  # noqa: E402
+from haepo_ray.llm.capacity.steps import RL_PHASES, Shapes, generation_calls, generation_rows  # noqa: E402
 from haepo_ray.llm.settings import ALGORITHMS, LLMTrainSettings  # noqa: E402
 from haepo_ray.sweep.kinds.llm.fit import GPUFit, estimate_keys  # noqa: E402
 
@@ -77,6 +80,7 @@ TINY = dict(batch_prompts=2, group_size=2, sft_batch=2, max_new_tokens=8, micro_
 # configuration -> settings changed from the paper's (LoRA's rank by model); "planned fit": module docstring
 CONFIGS = {"as given": {}, "one pass": {"micro_batch_size": 0}, "LoRA": {"lora_r": {"tiny": 2}},
            "checkpointing": {"gradient_checkpointing": True}, "static decoding": {"decoding": "static"},
+           "static, batch generation": {"decoding": "static", "generation": "batch"},
            "planned fit": {"micro_batch_size": 0}}
 LORA_R = 16
 # GiB the planned fit is held to, with no reserve: below the whole update in one pass, above the
@@ -135,8 +139,8 @@ def _free_cuda() -> None:
 
 
 def _update_seconds(seconds: dict[str, float], settings: LLMTrainSettings) -> float:
-    """One update from a measured step: one group's generation per prompt, the reference pass, the update."""
-    return sum(seconds[p] * (settings.batch_prompts if p == "generation" else 1) for p in RL_PHASES)
+    """One update from a measured step: its ``generate`` calls (one call measured), the reference pass, the update."""
+    return sum(seconds[p] * (generation_calls(settings) if p == "generation" else 1) for p in RL_PHASES)
 
 
 def check(algo: str, model: str, device: str, configuration: str = "as given") -> dict:
