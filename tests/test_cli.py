@@ -53,7 +53,9 @@ def test_envs_lists_every_registered_id(capsys):
     [
         (["--env", "Nope-v0"], "unknown env 'Nope-v0'"),
         (["--env", "haepo/ChainMDP-v0", "--algo", "NOPE"], "unknown algorithm 'NOPE'"),
-        (["--env", "haepo/ChainMDP-v0", "--set", "not_a_setting=1"], "HAEPOConfig has no setting(s) ['not_a_setting']"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "not_a_setting=1"], "HAEPOConfig has no setting 'not_a_setting'"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "beta_entt=0.1", "--set", "lrr=0.1"],
+         "HAEPOConfig has no setting 'beta_entt' (did you mean beta_ent, beta_kl?), 'lrr' (did you mean lr?)"),
         (["--env", "haepo/ChainMDP-v0", "--set", "beta_ent=-1"], "beta_ent must be a finite number >= 0"),
         (["--env", "haepo/ChainMDP-v0", "--set", "lr"], "--set expects key=value"),
         (["--env", "haepo/ChainMDP-v0", "--set", "env_config={length: 0}"],

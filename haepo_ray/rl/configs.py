@@ -8,6 +8,7 @@ gives every algorithm), the env, the resources, and the settings by name
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +49,12 @@ def setting_keys(config: AlgorithmConfig) -> dict[str, str]:
     return keys
 
 
+def setting_hint(config: AlgorithmConfig, name: str) -> str:
+    """`` (did you mean a, b?)`` with the public settings of ``config`` closest to ``name``, or ""."""
+    close = difflib.get_close_matches(name, sorted(k for k in setting_keys(config) if not k.startswith("_")), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
 def batch_size_key(config: AlgorithmConfig) -> str:
     """What the ``batch_size`` alias means for this algorithm: M episodes for HAEPO-like
     algorithms, else RLlib's ``train_batch_size_per_learner``."""
@@ -71,7 +78,8 @@ def apply_settings(config: AlgorithmConfig, settings: Mapping[str, Any]) -> Algo
     keys = setting_keys(config)
     unknown = sorted(k for k in settings if k != BATCH_SIZE_ALIAS and k not in keys)
     if unknown:
-        raise ValueError(f"{type(config).__name__} has no setting(s) {unknown}")
+        raise ValueError(f"{type(config).__name__} has no setting "
+                         + ", ".join(f"{k!r}{setting_hint(config, k)}" for k in unknown))
     values = {config_key(config, name): value for name, value in settings.items()}
     model_config = values.pop("_model_config", None)
     if model_config is not None:

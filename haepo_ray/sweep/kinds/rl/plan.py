@@ -9,7 +9,6 @@ the plan; nothing resolves the spec a second time.
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -168,7 +167,6 @@ def _check_metric(spec: RLSweepSpec, source: str) -> None:
 
 def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
     keys = configs.setting_keys(config)
-    public = sorted(k for k in keys if not k.startswith("_"))
     alias_target = configs.batch_size_key(config)
     alias = names.BATCH_SIZE_ALIAS
     errors = []
@@ -182,10 +180,9 @@ def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
                 errors.append(f"{source}: {section}.{name}: set the environment with the top-level "
                               f"keys env and env_config")
             elif name not in keys:
-                close = difflib.get_close_matches(name, public, n=3)
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
                 errors.append(
-                    f"{source}: {section}.{name}: {spec.algorithm} has no setting {name!r}{hint}; "
+                    f"{source}: {section}.{name}: {spec.algorithm} has no setting {name!r}"
+                    f"{configs.setting_hint(config, name)}; "
                     f"allowed: the attributes of {type(config).__name__} (e.g. lr, gamma, "
                     f"{alias_target}, num_env_runners, model_config), or batch_size")
     for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space)):
