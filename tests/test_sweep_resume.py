@@ -22,6 +22,7 @@ from helpers import MLflowServer, sqlite_store
 from mlflow.tracking import MlflowClient
 from test_sweep_e2e import _flaky_env
 
+from haepo_ray.sweep import runner
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import SweepError, run_sweep
 from haepo_ray.tracking import find_sweep_runs
@@ -90,7 +91,7 @@ def test_a_state_of_another_run_is_refused_before_anything_is_written(ray_sessio
 
 def test_a_resume_with_a_changed_spec_is_refused_naming_the_changes(ray_session, tmp_path, monkeypatch):
     """Tune resumes a run as it started: a longer stop or another grid would be ignored
-    without a word. Refused, before anything is written; a new description, another Ray, or a
+    without a word. Refused, before Ray starts or anything is written; a new description, another Ray, or a
     run's spec.yaml without a key an older haepo-ray did not write (its default) resume."""
     monkeypatch.chdir(tmp_path)
     results = str(tmp_path / "results")
@@ -99,9 +100,14 @@ def test_a_resume_with_a_changed_spec_is_refused_naming_the_changes(ray_session,
                              out=io.StringIO(), verbose=0).run_dir)
     before = listing(run_dir)
     changed = {**data, "stop": {"iterations": 2}, "search_space": {"seed": {"grid": [0, 1]}}}
-    with pytest.raises(SweepError) as refused:
-        run_sweep(parse_plan(changed, "changed.yaml"), track=False, storage_path=results, out=io.StringIO(),
-                  verbose=0, resume=True)
+    with monkeypatch.context() as before_ray:  # refused, as is a resume of nothing, before Ray starts
+        before_ray.setattr(runner, "init_ray", lambda *args: pytest.fail("Ray started"))
+        with pytest.raises(SweepError, match=f"^nothing to resume under {tmp_path / 'none' / 'changed'}: "):
+            run_sweep(parse_plan(data, "changed.yaml"), track=False, storage_path=str(tmp_path / "none"),
+                      out=io.StringIO(), verbose=0, resume=True)
+        with pytest.raises(SweepError) as refused:
+            run_sweep(parse_plan(changed, "changed.yaml"), track=False, storage_path=results, out=io.StringIO(),
+                      verbose=0, resume=True)
     assert f"cannot resume {run_dir} with this spec: it changed since the sweep started " \
            "(search_space.seed.grid: [0] -> [0, 1]; stop.iterations: 1 -> 2). Ray Tune resumes" in str(refused.value)
     assert listing(run_dir) == before

@@ -309,6 +309,14 @@ def run_sweep(
     untested = upstream.check(plan.patched)
     for line in untested:
         p(line)
+    if resume:  # before Ray starts: what there is to resume needs only the results folder
+        run_dir = latest_run_dir(root)
+        if run_dir is None:
+            raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
+                             "can restore (run it without --resume)")
+        name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+        refuse_a_changed_spec(run_dir, spec)
+        refuse_a_foreign_state(run_dir, name)
     started_ray = init_ray(spec, address)
     callback = None
     try:
@@ -317,15 +325,7 @@ def run_sweep(
         with sigterm_raises_terminated():
             plan = plan.fitted(Cluster.of_ray(embedded=address is None))  # GPUs there; LM trials' memory
             register_with_ray()  # so PPO (and any algorithm) trials can make the haepo envs
-            if resume:
-                run_dir = latest_run_dir(root)
-                if run_dir is None:
-                    raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
-                                     "can restore (run it without --resume)")
-                name = run_dir.rstrip("/").rsplit("/", 1)[-1]
-                refuse_a_changed_spec(run_dir, spec)
-                refuse_a_foreign_state(run_dir, name)
-            else:
+            if not resume:
                 name, run_dir = new_run_dir(root)
 
             uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
