@@ -283,7 +283,7 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     --set over them; the run goes on from the checkpoint's iteration (the stop criteria count
     from its start) and names it in a tag. Refused, saying what to give: another --algo or
     --env, a checkpoint that has trained --stop-iters already, a --set that changes its model,
-    a folder that is no checkpoint, a --checkpoint-dir that holds files or is below a file, each
+    a folder that is no checkpoint, a --checkpoint-dir that holds a checkpoint or is below a file, each
     before an MLflow run starts (on the session's Ray, as above)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
@@ -324,10 +324,9 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
         refusal("--set", "model_config={fcnet_hiddens: [4]}")
     assert refusal("--set", "env_config={length: 0}").startswith(
         "haepo train: error: env_config: haepo/ChainMDP-v0 does not take {'length': 0}: ValueError: ")
-    assert refusal("--checkpoint-dir", str(ck)) == (  # the checkpoint it goes on from, among others
-        f"haepo train: error: --checkpoint-dir {ck} holds algorithm_state.pkl, class_and_ctor_args.pkl, env_runner "
-        "and 2 more already, which this run would overwrite or mix with its own: give a new or empty folder (or "
-        "remove that one)")
+    assert refusal("--checkpoint-dir", str(ck)) == (  # the checkpoint it goes on from, as any other
+        f"haepo train: error: --checkpoint-dir {ck} holds an earlier run's rllib_checkpoint.json, which this run "
+        "would overwrite: give a new folder (or remove that one)")
     assert refusal("--checkpoint-dir", str(ck / "rllib_checkpoint.json" / "new")) == (
         f"haepo train: error: --checkpoint-dir {ck / 'rllib_checkpoint.json' / 'new'}: "
         f"{ck / 'rllib_checkpoint.json'} is a file, not a folder")

@@ -240,9 +240,19 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     assert main(["llm", "train", "--model", "tiny", "--rl-updates", "1", "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"haepo llm: error: --out {out} holds config.json, generations.jsonl, metrics.jsonl already, which this run "
-        "would overwrite or mix with its own: give a new or empty folder (or remove that one)")
+        f"haepo llm: error: --out {out} holds an earlier run's metrics.jsonl and generations.jsonl, which this run "
+        "would overwrite: give a new folder (or remove that one)")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    # a run that failed before its first row (its files empty) leaves nothing to keep: --out is taken
+    failed = tmp_path / "failed"
+    assert main(["llm", "train", "--model", "tiny", "--lora-r", "2", "--lora-target-modules", "nope",
+                 "--out", str(failed)]) == 2
+    assert "Target modules {'nope'} not found" in capsys.readouterr().err
+    assert {f.name: f.stat().st_size for f in failed.iterdir() if f.suffix == ".jsonl"} == {
+        "metrics.jsonl": 0, "generations.jsonl": 0}
+    assert main(["llm", "train", "--model", "tiny", "--algo", "GRPO", "--sft-examples", "2", "--rl-updates", "1",
+                 "--batch-prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--eval-prompts", "1",
+                 "--out", str(failed)]) == 0
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -46,19 +46,19 @@ def add_storage_path(p: argparse.ArgumentParser, help: str = STORAGE_PATH_HELP) 
     p.add_argument("--storage-path", metavar="PATH", help=help)
 
 
-def check_out_folder(out: str | Path, option: str = "--out", *, new: bool = False) -> Path:
+def check_out_folder(out: str | Path, option: str = "--out", *, records: tuple[str, ...] = ()) -> Path:
     """``out`` as a Path; a UsageError, before any work, when it cannot be an output folder:
-    it, or the nearest of its parents that exists, is a file or not writable; with ``new``
-    (the command writes files that would replace an earlier run's), it holds anything already.
-    Nothing is created."""
+    it, or the nearest of its parents that exists, is a file or not writable; it holds one of
+    ``records`` (files of an earlier run that this one would overwrite), not empty. Nothing is
+    created."""
     out = Path(out)
     existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UsageError(f"{option} {out}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {out}: {existing} is not writable")
-    if new and existing == out.absolute() and (held := sorted(p.name for p in existing.iterdir())):
-        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
-        raise UsageError(f"{option} {out} holds {shown} already, which this run would overwrite or mix "
-                         f"with its own: give a new or empty folder (or remove that one)")
+    held = [name for name in records if (out / name).is_file() and (out / name).stat().st_size]
+    if held:
+        raise UsageError(f"{option} {out} holds an earlier run's {' and '.join(held)}, which this run would "
+                         "overwrite: give a new folder (or remove that one)")
     return out

@@ -12,6 +12,7 @@ from typing import Any
 from haepo_ray.cli import llm_eval, llm_memory
 from haepo_ray.cli.args import check_out_folder
 from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
+from haepo_ray.llm.run_log import GENERATIONS_FILE, METRICS_FILE
 from haepo_ray.llm.settings import LLMTrainSettings
 
 __all__ = ["add_parser"]
@@ -36,7 +37,7 @@ def cmd_llm_train(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args, _TRAIN_FIELDS)
     out = check_out_folder(args.out or Path(".haepo") / "llm" / f"{args.algo}-{time.strftime('%Y%m%d-%H%M%S')}",
-                           new=True)
+                           records=(METRICS_FILE, GENERATIONS_FILE))
     try:
         train(settings, out, callback=_print_row)
     except ValueError as err:  # bad data file, model that cannot load offline, NaN reward
@@ -56,7 +57,8 @@ def add_parser(subparsers: Any) -> None:
                     "smollm2, --data aclsum.",
     )
     add_settings_options(p, _TRAIN_FIELDS)
-    p.add_argument("--out", metavar="DIR", help="a new or empty output folder (default .haepo/llm/ALGO-TIME)")
+    p.add_argument("--out", metavar="DIR", help="output folder, not one that holds a run's metrics "
+                                                "(default .haepo/llm/ALGO-TIME)")
     p.set_defaults(func=cmd_llm_train)
     llm_memory.add_parser(llm_sub)
     llm_eval.add_parsers(llm_sub)

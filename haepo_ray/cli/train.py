@@ -45,7 +45,7 @@ def add_parser(subparsers) -> None:
                        help="an algorithm setting, value in YAML, e.g. --set lr=0.01 (repeatable; with "
                             "--restore: over the checkpoint's settings)")
     train.add_argument("--checkpoint-dir", metavar="DIR",
-                       help="a new or empty folder for the final checkpoint (default: "
+                       help="a folder for the final checkpoint, not one that holds a checkpoint (default: "
                             ".haepo/checkpoints/ALGO-ENV-TIME)")
     train.add_argument("--restore", metavar="CHECKPOINT",
                        help="go on from a checkpoint of haepo train or of a sweep's trial, with its "
@@ -185,9 +185,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.algo, args.seed = args.algo or DEFAULT_ALGO, DEFAULT_SEED if args.seed is None else args.seed
         config = train_config(args.algo, args.env, args.seed, overrides)
     name = f"{args.algo}-{args.env.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from haepo_ray.rl.checkpoints import METADATA_FILE
+
     # before training, which a checkpoint that cannot be written would lose
     out = check_out_folder(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name, "--checkpoint-dir",
-                           new=True).resolve()
+                           records=(METADATA_FILE,)).resolve()
     from haepo_ray import upstream
 
     try:  # HAEPO's env runner's overrides, before Ray starts (their warning is logged where they apply)
