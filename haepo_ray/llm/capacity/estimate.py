@@ -4,7 +4,7 @@ A trial on W Ray Train workers runs a whole copy of the model on each, and each 
 1/W of an update's prompts and of an SFT step's rows (:mod:`haepo_ray.llm.distributed`):
 :func:`estimate` simulates worker 0 (the largest share). Only :data:`MEMORY_FIELDS` of the
 settings change what is simulated; trials that differ in seed, learning rate or betas share
-one simulation (:func:`estimate` is cached in the process).
+one simulation (:func:`estimate` is cached in the process, and on disk: :mod:`~.stored`).
 
 Lengths: prompts of ``prompt_tokens`` (default :data:`PROMPT_TOKENS`: ACLSum's prompts at
 ``max_source_words`` 300 reach 435 tokens with SmolLM2's tokenizer), completions and gold
@@ -99,12 +99,15 @@ def estimate(settings: LLMTrainSettings, *, prompt_tokens: int = PROMPT_TOKENS, 
 def _cached(key: tuple, prompt_tokens: int, workers: int, target: str) -> StepEstimate:
     from haepo_ray.llm.capacity.simulate import simulate
     from haepo_ray.llm.capacity.steps import Shapes
+    from haepo_ray.llm.capacity.stored import simulation_key, stored_simulation
 
     settings = key_settings(dict(zip(MEMORY_FIELDS, key, strict=True)))
     worker = dataclasses.replace(settings, batch_prompts=settings.batch_prompts // workers,
                                  sft_batch=math.ceil(settings.sft_batch / workers))
     shapes = Shapes(prompt_tokens, settings.max_new_tokens)
-    est = simulate(worker, model_config(settings.model), shapes, target=target)
+    config = model_config(settings.model)
+    est = stored_simulation(simulation_key(key, prompt_tokens, workers, target, config),
+                            lambda: simulate(worker, config, shapes, target=target))
     return with_overheads(est, workers)
 
 
