@@ -81,11 +81,14 @@ def stored_simulation(name: str, simulate: Callable[[], StepEstimate]) -> StepEs
     except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none yet, or not one this code wrote
         pass
     est = simulate()
+    written = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{name}.", delete=False) as f:
+            written = Path(f.name)
             json.dump(dataclasses.asdict(est), f)
-        os.replace(f.name, path)
-    except OSError:  # a read-only home: the next process simulates again
-        pass
+        os.replace(written, path)
+    except OSError:  # a read-only home, a full disk: the next process simulates again
+        if written is not None:
+            written.unlink(missing_ok=True)
     return est
