@@ -230,47 +230,47 @@ def key_rows(pages: Sequence[Post]) -> list[dict[str, str]]:
 
 
 def write_forms(forms: Mapping[int, Sequence[Post]], out_dir: str | Path) -> list[tuple[Path, Path]]:
-    """Write every form of ``forms`` (:func:`pick_forms`) with :func:`write_form`; a ValueError,
-    before any is written, where one would replace the key of another form."""
-    for pages in forms.values():
-        _check_key(pages, Path(out_dir))
-    return [write_form(pages, out_dir) for pages in forms.values()]
+    """Write every form of ``forms`` (:func:`pick_forms`) as :func:`write_form` does; a
+    ValueError, before any is written, where one would replace the key of another form."""
+    out = Path(out_dir)
+    checked = [(pages, *_check_key(pages, out)) for pages in forms.values()]
+    return [_write(pages, out, *key) for pages, *key in checked]
 
 
 def write_form(pages: Sequence[Post], out_dir: str | Path) -> tuple[Path, Path]:
     """Write the form of one training seed ``S``, ``form-seedS.html`` and ``key-seedS.csv``,
     into ``out_dir``; return their paths. A ValueError, before anything is written, where
     ``out_dir`` holds another key of that seed."""
-    from haepo_ray.llm.eval_page import render_form
-
     out = Path(out_dir)
-    seed, rows = _check_key(pages, out)
-    out.mkdir(parents=True, exist_ok=True)
-    form, key = out / f"form-seed{seed}.html", out / f"key-seed{seed}.csv"
-    form.write_text(render_form(pages, rows[0]["form_id"]), encoding="utf-8")
-    key.write_bytes(_key_csv(rows))
-    return form, key
+    return _write(pages, out, *_check_key(pages, out))
 
 
-def _check_key(pages: Sequence[Post], out: Path) -> tuple[int, list[dict[str, str]]]:
-    """The training seed of ``pages`` and their key's rows; a ValueError where ``out`` holds
-    another key of that seed: the only record of what the slots of its form, which may have
-    been handed out already, hold."""
+def _check_key(pages: Sequence[Post], out: Path) -> tuple[int, str, bytes]:
+    """The training seed of ``pages``, their form's id and their key's CSV; a ValueError where
+    ``out`` holds another key of that seed: the only record of what the slots of its form,
+    which may have been handed out already, hold."""
     seeds = {g.seed for page in pages for g in page.slots}
     if len(seeds) != 1:
         raise ValueError(f"a form's summaries come from one training seed, these from seeds {sorted(seeds)}")
     (seed,) = seeds
     rows = key_rows(pages)
-    key = out / f"key-seed{seed}.csv"
-    if key.exists() and key.read_bytes() != _key_csv(rows):
-        raise ValueError(f"{key} is the key of another form of training seed {seed}, which the answers to that "
-                         "form need: write these forms to another folder, or move that key away first")
-    return seed, rows
-
-
-def _key_csv(rows: list[dict[str, str]]) -> bytes:
     text = io.StringIO()
     writer = csv.DictWriter(text, KEY_COLUMNS)
     writer.writeheader()
     writer.writerows(rows)
-    return text.getvalue().encode("utf-8")
+    data = text.getvalue().encode("utf-8")
+    key = out / f"key-seed{seed}.csv"
+    if key.exists() and key.read_bytes() != data:
+        raise ValueError(f"{key} is the key of another form of training seed {seed}, which the answers to that "
+                         "form need: write these forms to another folder, or move that key away first")
+    return seed, rows[0]["form_id"], data
+
+
+def _write(pages: Sequence[Post], out: Path, seed: int, form_id: str, key_csv: bytes) -> tuple[Path, Path]:
+    from haepo_ray.llm.eval_page import render_form
+
+    out.mkdir(parents=True, exist_ok=True)
+    form, key = out / f"form-seed{seed}.html", out / f"key-seed{seed}.csv"
+    form.write_text(render_form(pages, form_id), encoding="utf-8")
+    key.write_bytes(key_csv)
+    return form, key
