@@ -357,6 +357,12 @@ RESUME_UPDATES, RESUME_EVERY = 9, 3  # the kill lands after the checkpoint of up
     ({"search_space": {"algorithm": {"grid": ["HAEPO", "DPO"]}, "beta_kl": {"grid": [0.0, 0.1]}}},
      "search_space.beta_kl: DPO trials would ignore it: DPO's loss has no entropy bonus and no KL penalty "
      "(its pull towards the reference policy is dpo_beta); remove beta_kl, or sweep DPO in a spec of its own"),
+    ({"search_space": {"algorithm": {"grid": ["HAEPO", "GRPO"]}}, "settings": {"clip_param": 0.1}},
+     "settings.clip_param: HAEPO trials would ignore it: it is GRPO's clip of the ratio to the old policy, and that "
+     "ratio is 1 unless num_iterations > 1; remove clip_param, or sweep HAEPO in a spec of its own\n"
+     "llm.yaml: settings.clip_param: GRPO trials would ignore it"),
+    ({"settings": {"lora_alpha": 8.0}}, "settings.lora_alpha: HAEPO trials would ignore it: it sets LoRA's adapters, "
+     "and with lora_r 0 there are none (every weight trains); remove lora_alpha\n"),
 ])
 def test_llm_spec_errors_name_the_key(change, message):
     spec = yaml.safe_load(SMOKE.read_text())
@@ -364,6 +370,20 @@ def test_llm_spec_errors_name_the_key(change, message):
     with pytest.raises(SpecError) as err:
         parse_plan(spec, "llm.yaml")
     assert message in str(err.value) and "llm.yaml" in str(err.value)
+
+
+@pytest.mark.parametrize(("change", "values", "expected"), [
+    ({"search_space": {"algorithm": {"grid": ["HAEPO", {"GRPO": {"num_iterations": 2, "clip_param": 0.1}}]}}},
+     {"algorithm": {"GRPO": {"num_iterations": 2, "clip_param": 0.1}}}, {"algo": "GRPO", "clip_param": 0.1}),
+    # lora_r searched: its trials with adapters read lora_alpha
+    ({"search_space": {"lora_r": {"grid": [0, 8]}}, "algorithm": "HAEPO", "settings": {"lora_alpha": 32.0}},
+     {"lora_r": 8}, {"lora_r": 8, "lora_alpha": 32.0}),
+])
+def test_settings_the_trials_read_are_taken(change, values, expected):
+    spec = yaml.safe_load(SMOKE.read_text())
+    spec.update(change)
+    config = parse_plan(spec, "llm.yaml").trial_config(values)
+    assert {name: getattr(config, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize("algorithm", ["HAEPO", "GRPO", "DPO"])

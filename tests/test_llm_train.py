@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import math
 import re
@@ -13,6 +15,7 @@ import torch
 
 from haepo_ray import names
 from haepo_ray.cli import main
+from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.rewards import length_closeness, rouge_l, semantic_similarity, token_f1
 from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
@@ -265,6 +268,13 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
     (["--min-new-tokens", "9", "--max-new-tokens", "4"], r"min_new_tokens \(9\) exceeds max_new_tokens \(4\)"),
     (["--data", "tldr:/nonexistent/tldr.jsonl"], "TL;DR file /nonexistent/tldr.jsonl does not exist"),
     (["--device", "tpu"], "device must be cpu or cuda"),
+    (["--lora-target-modules", "q_proj", "k_proj"], "--lora-target-modules: this run would not read it: it sets "
+     "LoRA's adapters, and with lora_r 0 there are none"),
+    (["--algo", "GRPO", "--clip-param", "0.1"], "--clip-param: this run would not read it: .* that ratio is 1 "
+     "unless num_iterations > 1; leave it out"),
+    (["--algo", "DPO", "--beta-kl", "0", "--no-length-normalize"], "--beta-kl: this run would not read it: DPO's "
+     "loss has no entropy bonus and no KL penalty .*\n--length-normalize: this run would not read it: it sets HAEPO"),
+    (["--logits-chunk", "64"], "--logits-chunk: this run would not read it"),
 ])
 def test_cli_usage_errors(tmp_path, capsys, argv, message):
     code = main(["llm", "train", "--model", "tiny", "--out", str(tmp_path), *argv])
@@ -272,6 +282,21 @@ def test_cli_usage_errors(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.startswith("haepo llm: error: ")
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--algo", "GRPO", "--num-iterations", "2", "--clip-param", "0.1"], {"num_iterations": 2, "clip_param": 0.1}),
+    (["--lora-r", "4", "--lora-alpha", "8"], {"lora_r": 4, "lora_alpha": 8.0}),
+    (["--logits", "chunked", "--logits-chunk", "64"], {"logits_chunk": 64}),
+    (["--algo", "DPO", "--dpo-beta", "0.3"], {"dpo_beta": 0.3}),
+    (["--algo", "DPO", "--lr", "1e-4"], {"beta_kl": 0.01}),  # the betas' defaults, which DPO was not given
+])
+def test_options_the_run_reads_are_taken(argv, expected):
+    parser = argparse.ArgumentParser()
+    fields = [f.name for f in dataclasses.fields(LLMTrainSettings)]
+    add_settings_options(parser, fields)
+    settings = settings_from_args(parser.parse_args(argv), fields)
+    assert {name: getattr(settings, name) for name in expected} == expected
 
 
 def test_an_out_folder_that_is_a_file_is_a_usage_error_before_any_work(tmp_path, capsys):

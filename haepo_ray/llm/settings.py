@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from haepo_ray.llm.rewards import SummaryReward
 
-__all__ = ["ALGORITHMS", "ASPECTS", "DPO_PAIRS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS", "NOT_DPO",
-           "ObjectiveSettings", "SWITCHES", "torch_dtype"]
+__all__ = ["ALGORITHMS", "ASPECTS", "DPO_PAIRS", "DTYPES", "HELP", "LLMTrainSettings", "MEMORY_FIELDS",
+           "ObjectiveSettings", "READ_WHEN", "SWITCHES", "torch_dtype", "unread"]
 
 Algorithm = Literal["HAEPO", "GRPO", "DPO"]
 ALGORITHMS: tuple[str, ...] = ("HAEPO", "GRPO", "DPO")
@@ -29,10 +30,31 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")  # float
 DPO_PAIRS: tuple[str, ...] = ("gold", "reward")
 # ACLSum's aspects a run asks for (haepo_ray.llm.data.ACLSUM_ASPECTS), or all three.
 ASPECTS: tuple[str, ...] = ("all", "challenge", "approach", "outcome")
-# Loss settings DPO has no term for: its loss (Rafailov et al. 2023, Eq. 7) has no entropy bonus
-# and no KL penalty (dpo_beta is its pull towards the reference). A sweep spec that sets them
-# for DPO trials is refused (haepo_ray.sweep.kinds.llm.plan).
-NOT_DPO: tuple[str, ...] = ("beta_ent", "beta_kl")
+_NO_DPO_TERM = ("DPO's loss has no entropy bonus and no KL penalty (its pull towards the reference policy is "
+                "dpo_beta)")  # Rafailov et al. 2023, Eq. 7
+_HAEPO_WEIGHTS = "it sets HAEPO's weights"
+_LORA = "it sets LoRA's adapters, and with lora_r 0 there are none (every weight trains)"
+# Settings that some runs do not read: each with the settings that decide it, whether a run reads
+# it, and why one that does not, does not. A run given one it does not read would log a value it
+# ignores: the command line (haepo_ray.cli.llm_options) and a sweep spec
+# (haepo_ray.sweep.kinds.llm.plan) refuse it (unread). tests/test_llm_settings.py checks each
+# algorithm's claim against its loss.
+READ_WHEN: dict[str, tuple[tuple[str, ...], Callable[[Any], bool], str]] = {
+    "beta_ent": (("algo",), lambda s: s.algo != "DPO", _NO_DPO_TERM),
+    "beta_kl": (("algo",), lambda s: s.algo != "DPO", _NO_DPO_TERM),
+    "normalization": (("algo",), lambda s: s.algo != "DPO", "DPO's loss compares the rewards, never normalised"),
+    "length_normalize": (("algo",), lambda s: s.algo == "HAEPO", _HAEPO_WEIGHTS),
+    "weight_temperature": (("algo",), lambda s: s.algo == "HAEPO", _HAEPO_WEIGHTS),
+    "estimator": (("algo",), lambda s: s.algo == "HAEPO", "it is HAEPO's gradient estimator"),
+    "num_iterations": (("algo",), lambda s: s.algo == "GRPO", "it is GRPO's steps per batch"),
+    "clip_param": (("algo", "num_iterations"), lambda s: s.algo == "GRPO" and s.num_iterations > 1,
+                   "it is GRPO's clip of the ratio to the old policy, and that ratio is 1 unless num_iterations > 1"),
+    "dpo_beta": (("algo",), lambda s: s.algo == "DPO", "it is DPO's implicit reward's beta"),
+    "dpo_pairs": (("algo",), lambda s: s.algo == "DPO", "it is DPO's preference pairs"),
+    "lora_alpha": (("lora_r",), lambda s: s.lora_r > 0, _LORA),
+    "lora_target_modules": (("lora_r",), lambda s: s.lora_r > 0, _LORA),
+    "logits_chunk": (("logits",), lambda s: s.logits == "chunked", "it is the chunk of logits 'chunked'"),
+}
 # The settings that change a step's memory (haepo_ray.llm.capacity.estimate: trials with the same
 # values have the same estimate); the others change neither memory nor a step's FLOPs.
 MEMORY_FIELDS: tuple[str, ...] = (
@@ -217,6 +239,12 @@ class LLMTrainSettings:
     def objective(self) -> ObjectiveSettings:
         names = [f.name for f in dataclasses.fields(ObjectiveSettings)]
         return ObjectiveSettings(**{n: getattr(self, n) for n in names})
+
+
+def unread(settings: LLMTrainSettings, names: Iterable[str]) -> dict[str, str]:
+    """Of ``names`` (the settings a run was given), those ``settings``' run does not read
+    (:data:`READ_WHEN`), each with why; empty when it reads them all."""
+    return {name: READ_WHEN[name][2] for name in names if name in READ_WHEN and not READ_WHEN[name][1](settings)}
 
 
 HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_ray.cli.llm_options)

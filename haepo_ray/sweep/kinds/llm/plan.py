@@ -9,8 +9,8 @@ checkpointing of :mod:`haepo_ray.sweep.kinds.llm.trainable`); MLflow logs both a
 Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``, ``beta_ent``,
 ``beta_kl``, ``seed``, ``rl_updates``, ...), ``batch_size`` for ``batch_prompts`` and, in
 ``search_space``, ``algorithm`` for ``algo``; the model and data come from ``llm``, the
-device from ``llm.use_gpu``. ``beta_ent`` and ``beta_kl`` are refused where the trials include
-DPO, whose loss has no such term (:data:`~haepo_ray.llm.settings.NOT_DPO`).
+device from ``llm.use_gpu``. A setting is refused where trials would not read it
+(:func:`~haepo_ray.llm.settings.unread`: ``beta_kl`` for DPO, ``clip_param`` for HAEPO).
 
 Methods (:mod:`haepo_ray.sweep.kinds.llm.methods`): with a method among the values of
 ``search_space.algorithm``, the trial config's ``method`` holds the trial's method as written
@@ -113,26 +113,36 @@ class LLMPlan(Plan):
         if methods(spec) is not None:
             keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
-        plan.check_dpo_settings()
+        plan.check_unread()
         return plan
 
-    def check_dpo_settings(self) -> None:
-        """Refuses a setting of :data:`~haepo_ray.llm.settings.NOT_DPO` where the trials include
-        DPO, whose loss has no such term: its trials would ignore the value MLflow logs."""
-        from haepo_ray.llm.settings import NOT_DPO
+    def check_unread(self) -> None:
+        """Refuses a setting the spec gives trials that would not read it
+        (:func:`~haepo_ray.llm.settings.unread`): MLflow would log a value they ignore. Decided
+        per algorithm (or method) of the trials, unless the search space varies what decides it."""
+        from haepo_ray.llm.settings import READ_WHEN, unread
 
         spec = self.spec
         searched = spec.algorithm is None
-        values = spec.search_space["algorithm"].values if searched else [spec.algorithm]
-        dpo = [m for m in map(method_of, values) if m["algo"] == "DPO"]
-        if not dpo:
-            return
-        errors = [f"{spec.source or '<spec>'}: {section}.{name}: DPO trials would ignore it: DPO's loss has no "
-                  "entropy bonus and no KL penalty (its pull towards the reference policy is dpo_beta); remove "
-                  f"{name}" + (", or sweep DPO in a spec of its own" if searched else "")
-                  for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space),
-                                           *(("search_space.algorithm.DPO", m) for m in dpo))
-                  for name in NOT_DPO if name in mapping]
+        varied = {RENAMES.get(name, name) for name in spec.search_space} - {"algo"}
+        errors: dict[str, None] = {}  # in order, once
+        for value in spec.search_space["algorithm"].values if searched else [spec.algorithm]:
+            method = method_of(value)
+            algo = method["algo"]
+            try:
+                settings = self.trial_config({"algorithm": value} if searched else {}, validate=False)
+            except SpecError:
+                continue  # a method whose settings are wrong: the dry run names it
+            own = f"search_space.algorithm.{algo}"
+            for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space), (own, method)):
+                given = {RENAMES.get(name, name): name for name in mapping if name not in ("algo", "algorithm")}
+                decided = [field for field in given if field in READ_WHEN and not varied & set(READ_WHEN[field][0])]
+                for field, why in unread(settings, decided).items():
+                    # the sweep's other algorithms may read it
+                    hint = searched and section != own and "algo" in READ_WHEN[field][0]
+                    errors[f"{spec.source or '<spec>'}: {section}.{given[field]}: {algo} trials would ignore it: "
+                           f"{why}; remove {given[field]}" + (f", or sweep {algo} in a spec of its own" if hint else "")
+                           ] = None
         if errors:
             raise SpecError("\n".join(errors))
 
