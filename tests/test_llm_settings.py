@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 import torch
 
-from haepo_ray.llm.objectives import group_loss
+from haepo_ray.llm.objectives import group_loss, rows_per_prompt
 from haepo_ray.llm.rollout import token_stats
-from haepo_ray.llm.settings import ALGORITHMS, READ_WHEN, LLMTrainSettings, unread
+from haepo_ray.llm.settings import ALGORITHMS, DPO_PAIRS, READ_WHEN, LLMTrainSettings, ObjectiveSettings, unread
 from helpers import RETURNS
 from helpers import group_batch as _batch
 
@@ -66,3 +69,38 @@ def test_unread_names_what_decides_it():
     for algo in ALGORITHMS:  # with num_iterations 1, the default
         assert "clip_param" in unread(LLMTrainSettings(algo=algo), ["clip_param"])
     assert unread(LLMTrainSettings(algo="GRPO", num_iterations=2), ["clip_param"]) == {}
+
+
+def _objectives():
+    """Every valid loss setting that decides what a group of one completion learns."""
+    from haepo_ray.loss import ESTIMATORS, NORMALIZATIONS
+
+    for algo, normalization, estimator, pairs in itertools.product(ALGORITHMS, NORMALIZATIONS, ESTIMATORS, DPO_PAIRS):
+        try:
+            yield ObjectiveSettings(algo=algo, normalization=normalization, estimator=estimator, dpo_pairs=pairs)
+        except ValueError:  # e.g. the unbiased estimator for GRPO
+            continue
+
+
+@pytest.mark.parametrize("objective", list(_objectives()), ids=lambda o: f"{o.algo}-{o.normalization}-{o.estimator}-"
+                                                                          f"{o.dpo_pairs}")
+def test_a_group_of_one_is_refused_exactly_where_the_reward_cannot_reach_the_gradient(stats, objective):
+    """Six prompts of one completion each: two sets of positive rewards give the same gradient
+    exactly where the settings refuse group_size 1. DPO's gold pairs (the gold summary, then the
+    sample) take the returns the loop fixes, whatever the reward, at any group size: accepted."""
+    batch, logp, entropy = stats
+    rows = rows_per_prompt(objective, 1)
+    batch = dataclasses.replace(batch, prompt_index=torch.arange(6) // rows)
+    gradients = []
+    for rewards in ([0.3, 0.9, 0.1, 0.5, 0.2, 0.7], [0.8, 0.1, 0.4, 0.6, 0.9, 0.2]):
+        returns = torch.tensor([1.0, 0.0] * 3 if rows == 2 else rewards, dtype=torch.float64)  # haepo_ray.llm.train
+        leaf = logp.clone().requires_grad_(True)
+        loss = group_loss(objective, batch, returns, logp * 1.1, group_rows=rows)(leaf, entropy)
+        gradients.append(torch.autograd.grad(loss, leaf)[0])
+    try:
+        LLMTrainSettings(model="tiny", group_size=1, **dataclasses.asdict(objective))
+    except ValueError as err:
+        assert str(err).startswith("group_size 1: ") and str(err).endswith("use group_size >= 2")
+        assert torch.equal(*gradients) and rows == 1
+        return
+    assert not torch.equal(*gradients) or (rows == 2 and gradients[0].abs().max() > 0)
