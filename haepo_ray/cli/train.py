@@ -198,9 +198,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     import ray
 
+    from haepo_ray.ray_start import start_ray
     from haepo_ray.sweep.interrupt import sigterm_grace_s
 
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    start_ray(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     # Ctrl-C and SIGTERM stop the loop after its iteration (SIGTERM: not Ray's handler, which aborts)
     with StopRequest("haepo train", "after this iteration", sigterm_grace_s()) as request:
         algo = None

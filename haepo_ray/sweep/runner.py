@@ -29,6 +29,7 @@ from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray import upstream
 from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.upstream import tune_restore
+from haepo_ray.ray_start import start_ray
 from haepo_ray.terminated import sigterm_raises_terminated
 from haepo_ray.uris import is_uri
 
@@ -60,10 +61,10 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
             "ray job submit --address http://HEAD:8265 -- haepo sweep SPEC --address auto")
     if address:
         env_vars = actor_env_vars()
-        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env_vars} if env_vars else None)
+        start_ray(address=address, log_to_driver=False, runtime_env={"env_vars": env_vars} if env_vars else None)
     else:
-        ray.init(address="local", num_cpus=spec.ray.num_cpus, num_gpus=spec.ray.num_gpus,
-                 include_dashboard=False, log_to_driver=False)
+        start_ray(address="local", num_cpus=spec.ray.num_cpus, num_gpus=spec.ray.num_gpus,
+                  include_dashboard=False, log_to_driver=False)
     return True
 
 
