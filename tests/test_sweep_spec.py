@@ -358,6 +358,39 @@ def test_invalid_setting_values_are_named(tmp_path):
     assert "episodes_per_batch" in str(info.value)
 
 
+def test_every_bad_trial_is_named_and_a_sweep_refuses_them_before_ray_starts(tmp_path, monkeypatch):
+    from haepo_ray.sweep import runner
+
+    plan = parse_plan(_spec(search_space={"batch_size": {"grid": [0, 4, -1]}, "seed": {"grid": [0, 1]}}), "grid.yaml")
+    with pytest.raises(SpecError) as info:
+        dry_run(plan, out=io.StringIO())
+    lines = str(info.value).splitlines()
+    assert [line.split(":")[:2] for line in lines] == [["grid.yaml", f" trial {i} {{'batch_size'"] for i in (0, 2, 3, 5)]
+    monkeypatch.setattr(runner, "init_ray", lambda *args: pytest.fail("Ray started"))
+    with pytest.raises(SpecError) as refused:
+        runner.run_sweep(plan, track=False, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
+    assert str(refused.value) == str(info.value) and not (tmp_path / "results").exists()
+    # past SHOWN_ERRORS, the rest are counted
+    many = parse_plan(_spec(search_space={"batch_size": {"grid": [0]}, "seed": {"grid": list(range(12))}}), "m.yaml")
+    with pytest.raises(SpecError) as info:
+        dry_run(many, out=io.StringIO())
+    assert str(info.value).splitlines()[10:] == ["... and 2 more trials"]
+
+
+def test_planned_random_draws_leave_numpys_global_state_alone():
+    """Without search.seed, Tune draws from numpy's global state: planning (a dry run, the
+    checks before a sweep) must not move it."""
+    import numpy as np
+
+    plan = parse_plan(_spec(search_space={"lr": {"loguniform": [1e-4, 1e-2]}}, search={"algorithm": "random",
+                                                                                   "num_samples": 3}), "r.yaml")
+    np.random.seed(0)
+    expected = np.random.rand()
+    np.random.seed(0)
+    assert len(planned_trials(plan)) == 3
+    assert np.random.rand() == expected
+
+
 def test_pbt_mutations_are_checked(tmp_path):
     message = _error(tmp_path, _spec(scheduler={"type": "pbt"}))
     assert "scheduler.mutations: required key missing" in message

@@ -9,8 +9,7 @@ from typing import TextIO
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root
 from haepo_ray.sweep.plan_base import Plan
-from haepo_ray.sweep.planned import PlannedTrial, planned_trials
-from haepo_ray.sweep.spec import SpecError
+from haepo_ray.sweep.planned import PlannedTrial, checked_trials
 from haepo_ray.tables import format_table
 
 
@@ -18,7 +17,7 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
             storage_path: str | None = None, tracking_uri: str | None = None,
             address: str | None = None) -> list[PlannedTrial] | None:
     """Prints the resolved sweep (every trial with its values and resources); starts nothing.
-    Every planned trial's config is validated; a bad one raises SpecError naming it. The
+    Every planned trial's config is validated; bad ones raise SpecError naming each. The
     sweep's patches are checked as a run checks them (:func:`haepo_ray.upstream.check`).
     ``out``: ``sys.stdout`` at the time of the call by default."""
     from haepo_ray import upstream
@@ -26,12 +25,7 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
 
     untested = upstream.check(plan.patched)
     spec = plan.spec
-    trials = planned_trials(plan)
-    for t in trials or []:  # before anything builds a trial's config (resources do)
-        try:
-            plan.trial_config(t.values)
-        except SpecError as err:
-            raise SpecError(f"{spec.source}: trial {t.index} {t.values}: {err}") from None
+    trials = checked_trials(plan)  # before anything builds a trial's config (resources do)
     plan = plan.fitted(Cluster.unknown())  # refuses language-model trials that cannot fit their GPUs
     out = out or sys.stdout
     p = lambda *a: print(*a, file=out)  # noqa: E731

@@ -25,6 +25,7 @@ from haepo_ray.sweep.interrupt import InterruptWatch, sigterm_grace_s
 from haepo_ray.sweep.metric_watch import MetricWatch
 from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
+from haepo_ray.sweep.planned import checked_trials
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray import upstream
 from haepo_ray.upstream import tune as tune_internals
@@ -287,7 +288,8 @@ def run_sweep(
     """Runs (or with ``resume`` continues) the sweep; returns its summary. The patches the
     sweep applies are checked first, before anything is started or written
     (:func:`haepo_ray.upstream.check`: :class:`~haepo_ray.upstream.UpstreamVersionError` on an
-    untested version it may not run on). SIGINT and SIGTERM stop it (the summary says which,
+    untested version it may not run on), then every planned trial's config (a SpecError names
+    each bad one: :func:`~haepo_ray.sweep.planned.checked_trials`). SIGINT and SIGTERM stop it (the summary says which,
     and the trials it stopped); where Tune has not stopped the trials ``HAEPO_SIGTERM_GRACE_S``
     after a SIGTERM (Ray's own processes got it too), the sweep is ended without Ray and the
     process exits 143 (:mod:`haepo_ray.sweep.interrupt`).
@@ -318,6 +320,7 @@ def run_sweep(
         name = run_dir.rstrip("/").rsplit("/", 1)[-1]
         refuse_a_changed_spec(run_dir, spec)
         refuse_a_foreign_state(run_dir, name)
+    checked_trials(plan)  # a trial whose config is wrong, refused before any starts
     started_ray = init_ray(spec, address)
     callback = None
     try:

@@ -196,8 +196,9 @@ def trial_storage(trainable):
     return trainable._storage
 
 
-def variant_rng(seed: int | None):
-    """The random state ``BasicVariantGenerator`` draws a search's trials with."""
+def variant_rng(seed):
+    """The random state ``BasicVariantGenerator`` draws a search's trials with, from a seed or
+    a numpy generator (None: numpy's global state, as Tune's own draws without a seed)."""
     from ray.tune.search.sample import _BackwardsCompatibleNumpyRng
 
     return _BackwardsCompatibleNumpyRng(seed)
