@@ -28,9 +28,12 @@ def start_ray(**init_kwargs: Any) -> None:
 
     me = psutil.Process()
     before = {p.pid for p in me.children()}
+    ours = not ray.is_initialized()  # else ray.init refuses, and the Ray that is up is not its to end
     try:
         ray.init(**init_kwargs)
     except BaseException as err:
+        if not ours:
+            raise
         try:
             ray.shutdown()  # what Ray had recorded of the start
         finally:
