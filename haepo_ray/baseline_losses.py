@@ -6,7 +6,8 @@
   supervision), the batch of episodes being the group, with the advantage of
   :func:`group_advantage` (TRL's ``GRPOTrainer``'s: sample std plus eps).
 
-Each function's docstring gives its formula, with the paper's equation in a comment where it
+:func:`lone_episode_reason` says where a group of one episode keeps its return out of a loss's
+gradient (HAEPO's too). Each function's docstring gives its formula, with the paper's equation in a comment where it
 is computed; :mod:`haepo_ray.rl.baselines.dpo` and :mod:`haepo_ray.rl.baselines.grpo` give the
 full formulations and the choices made to apply them to RL episodes. Trajectory
 log-likelihoods enter DPO only through ``logsigmoid`` of differences, so episodes whose
@@ -44,6 +45,7 @@ __all__ = [
     "grpo_loss",
     "grpo_token_loss",
     "implicit_reward",
+    "lone_episode_reason",
     "preference_pairs",
     "reference_kl",
 ]
@@ -329,3 +331,16 @@ def _grpo(
             clip_fraction=step_mean(((ratio - 1).abs() > clip_param).to(ratio.dtype)),
             advantage_abs_mean=advantage.abs().mean(),
         )
+
+
+def lone_episode_reason(algo: str, *, normalization: Normalization, estimator: str = "weights") -> str | None:
+    """Why ``algo``'s loss (HAEPO, GRPO or DPO) on a group of one episode (M = 1: an RL batch
+    of one, an LM group of one completion) has a gradient that holds nothing of the episode's
+    return, or None where the return reaches it: GRPO, or HAEPO with the unbiased estimator,
+    on returns left as they are (``normalization`` none)."""
+    if algo == "DPO":  # preference_pairs: no pair
+        return "DPO's pairs need two returns that differ"
+    if algo == "HAEPO" and estimator == "weights":  # softmax over one: w = 1, whatever L_k
+        return "HAEPO's weights are a softmax over the group, and a group of one has weight 1"
+    return {"zscore": "normalization zscore makes a group's one return 0",  # normalize_returns, group_advantage
+            "sum": "normalization sum makes a group's one return R into R / |R|, its sign"}.get(normalization)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -70,6 +72,29 @@ def test_the_unbiased_estimator_is_refused_for_the_baselines(baseline):
     with pytest.raises(ValueError, match=f"estimator 'unbiased' is HAEPO's gradient estimator, not {baseline}'s"):
         config.validate()
     HAEPOConfig().environment(CHAIN).training(estimator="unbiased").validate()
+
+
+@pytest.mark.parametrize(("algo", "settings", "reason"), [
+    ("HAEPO", {}, "HAEPO's weights are a softmax over the group, and a group of one has weight 1"),
+    ("HAEPO", {"estimator": "unbiased"}, "normalization zscore makes a group's one return 0"),
+    ("GRPO", {"reward_normalization": "sum"}, "normalization sum makes a group's one return R into R / |R|"),
+    ("DPO", {"reward_normalization": "none"}, "DPO's pairs need two returns that differ"),
+    ("HAEPO", {"estimator": "unbiased", "reward_normalization": "none"}, None),  # REINFORCE on the return
+    ("GRPO", {"reward_normalization": "none"}, None),
+])
+def test_one_episode_per_batch_is_refused_where_its_return_cannot_reach_the_gradient(algo, settings, reason):
+    """What baseline_losses.lone_episode_reason says, which test_baselines checks on the losses."""
+    from haepo_ray.rl.baselines.dpo import DPOConfig
+    from haepo_ray.rl.baselines.grpo import GRPOConfig
+
+    config_cls = {"HAEPO": HAEPOConfig, "GRPO": GRPOConfig, "DPO": DPOConfig}[algo]
+    config = config_cls().environment(CHAIN).training(episodes_per_batch=1, **settings)
+    if reason is None:
+        config.validate()
+        return
+    with pytest.raises(ValueError, match=re.escape(f"{algo}: episodes_per_batch 1: {reason}")):
+        config.validate()
+    config.training(episodes_per_batch=2).validate()
 
 
 def test_more_learners_than_episodes_fails_validation():

@@ -10,7 +10,9 @@ import torch
 from helpers import fresh_python
 
 from haepo_ray.rl.baselines import DPO, GRPO, DPOConfig, GRPOConfig
-from haepo_ray.baseline_losses import GRPO_ADVANTAGE_EPS, dpo_loss, group_advantage, grpo_loss, preference_pairs
+from haepo_ray.baseline_losses import (GRPO_ADVANTAGE_EPS, dpo_loss, group_advantage, grpo_loss,
+                                      lone_episode_reason, preference_pairs)
+from haepo_ray.loss import ESTIMATORS, NORMALIZATIONS, haepo_loss
 
 F64 = torch.float64
 CHAIN = "haepo/ChainMDP-v0"
@@ -413,3 +415,31 @@ def test_tune_runs_dpo_by_name(ray_session, tmp_path):
     assert grid[0].metrics["training_iteration"] == 2
     assert grid[0].config["dpo_beta"] == 0.2
     assert "preference_accuracy" in grid[0].metrics["learners"]["default_policy"]
+
+
+def _lone_gradient(algo: str, normalization: str, estimator: str, ret: float) -> torch.Tensor:
+    """The gradient, in float64, of ``algo``'s loss on one episode of 3 steps with return ``ret``."""
+    step_logp = torch.tensor([-0.7, -1.2, -0.4], dtype=torch.float64, requires_grad=True)
+    ref, returns = torch.tensor([-0.9, -1.0, -0.6], dtype=torch.float64), torch.tensor([ret], dtype=torch.float64)
+    traj = step_logp.sum()[None]
+    if algo == "HAEPO":
+        loss = haepo_loss(traj, ref.sum()[None], returns, beta_ent=0.05, beta_kl=0.05, normalization=normalization,
+                          estimator=estimator).loss
+    elif algo == "GRPO":
+        loss = grpo_loss(step_logp, step_logp.detach() * 1.1, ref, torch.full((3,), 0.5, dtype=torch.float64),
+                         torch.zeros(3, dtype=torch.long), returns, clip_param=0.2, beta_kl=0.05, beta_ent=0.05,
+                         normalization=normalization).loss
+    else:
+        loss = dpo_loss(traj, ref.sum()[None], returns, beta=0.1).loss
+    return torch.autograd.grad(loss, step_logp, allow_unused=True)[0]
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize(("algo", "estimator"), [("HAEPO", e) for e in ESTIMATORS] + [("GRPO", "weights"),
+                                                                                      ("DPO", "weights")])
+def test_a_lone_episodes_return_misses_the_gradient_exactly_where_a_reason_is_given(algo, normalization, estimator):
+    """Two returns of one lone episode (M = 1): the same gradient exactly where
+    lone_episode_reason says why (what HAEPOConfig and the LM settings refuse M = 1 for)."""
+    grads = [_lone_gradient(algo, normalization, estimator, ret) for ret in (0.3, 0.8)]
+    same = all(g is None for g in grads) or torch.equal(*grads)
+    assert same == (lone_episode_reason(algo, normalization=normalization, estimator=estimator) is not None)

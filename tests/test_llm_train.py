@@ -260,8 +260,8 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--group-size", "0"], "group_size must be an integer >= 1, got 0"),
-    (["--group-size", "1"], "group_size 1: HAEPO's weights are a softmax over the group, and one completion's weight "
-     "is 1, so the RL updates cannot learn from the reward's value: use group_size >= 2"),
+    (["--group-size", "1"], "group_size 1: HAEPO's weights are a softmax over the group, and a group of one has "
+     "weight 1, so the RL updates cannot learn from the reward's value: use group_size >= 2"),
     (["--eval-batch", "0"], "eval_batch must be an integer >= 1, got 0"),
     (["--eval-samples", "0"], "eval_samples must be an integer >= 1, got 0"),
     (["--kl-samples", "0"], "kl_samples must be an integer >= 1, got 0"),

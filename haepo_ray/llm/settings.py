@@ -211,22 +211,14 @@ class LLMTrainSettings:
         self.objective()  # checks algo, betas, normalization, clip, temperature
         SummaryReward(*self.reward_weights)
         self._check_switches()
-        lone = self._lone_completion() if self.group_size == 1 and self.rl_updates else None
-        if lone:
-            raise ValueError(f"group_size 1: {lone}, so the RL updates cannot learn from the reward's value: "
-                             "use group_size >= 2")
+        if self.group_size == 1 and self.rl_updates and not (self.algo == "DPO" and self.dpo_pairs == "gold"):
+            # (DPO's gold pairs: the gold summary against each sample, whatever the reward)
+            from haepo_ray.baseline_losses import lone_episode_reason
 
-    def _lone_completion(self) -> str | None:
-        """Why a group of one completion keeps the reward's value out of the loss's gradient, or
-        None where it reaches it (tests/test_llm_settings.py checks each case against the loss)."""
-        if self.algo == "DPO":  # gold pairs: the gold summary against each sample, whatever the reward
-            return "DPO's reward pairs compare two samples of a prompt" if self.dpo_pairs == "reward" else None
-        if self.algo == "HAEPO" and self.estimator == "weights":
-            return "HAEPO's weights are a softmax over the group, and one completion's weight is 1"
-        if self.normalization != "none":
-            return {"zscore": "normalization zscore makes a group's one return 0",
-                    "sum": "normalization sum makes a group's one return R into R / |R|, its sign"}[self.normalization]
-        return None
+            lone = lone_episode_reason(self.algo, normalization=self.normalization, estimator=self.estimator)
+            if lone:
+                raise ValueError(f"group_size 1: {lone}, so the RL updates cannot learn from the reward's value: "
+                                 "use group_size >= 2")
 
     def _check_switches(self) -> None:
         for name, values in SWITCHES.items():

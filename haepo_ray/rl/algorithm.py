@@ -41,6 +41,7 @@ from haepo_ray.rl.callbacks import EpisodeInfoMetrics
 from haepo_ray.rl.env_runner import HAEPOEnvRunner
 from haepo_ray.envs import register_with_ray
 from haepo_ray.rl.learner import TRAINING_ITERATION
+from haepo_ray.baseline_losses import lone_episode_reason
 from haepo_ray.loss import ESTIMATORS, NORMALIZATIONS
 from haepo_ray.rl.metrics import MetricsExporter
 from haepo_ray.rl.schedules import ScheduleSpec, parse_schedule
@@ -135,6 +136,11 @@ class HAEPOConfig(AlgorithmConfig):
         if self.estimator != "weights" and self.algo_class is not HAEPO:  # the baselines' losses have their own
             rllib_internals.config_error(self, f"estimator {self.estimator!r} is HAEPO's gradient estimator, not "
                                                f"{self.algo_class.__name__}'s")
+        lone = lone_episode_reason(self.algo_class.__name__, normalization=self.reward_normalization,
+                                   estimator=self.estimator) if self.episodes_per_batch == 1 else None
+        if lone:
+            rllib_internals.config_error(self, f"{self.algo_class.__name__}: episodes_per_batch 1: {lone}, so no "
+                                               "update learns from the return: use episodes_per_batch >= 2")
         if self.reference_policy not in REFERENCE_POLICIES:
             rllib_internals.config_error(self, 
                 f"HAEPO: reference_policy must be one of {REFERENCE_POLICIES}, "
