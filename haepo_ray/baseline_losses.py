@@ -7,11 +7,12 @@
   :func:`group_advantage` (TRL's ``GRPOTrainer``'s: sample std plus eps).
 
 :func:`lone_episode_reason` says where a group of one episode keeps its return out of a loss's
-gradient (HAEPO's too). Each function's docstring gives its formula, with the paper's equation in a comment where it
-is computed; :mod:`haepo_ray.rl.baselines.dpo` and :mod:`haepo_ray.rl.baselines.grpo` give the
-full formulations and the choices made to apply them to RL episodes. Trajectory
-log-likelihoods enter DPO only through ``logsigmoid`` of differences, so episodes whose
-L_k are in the thousands give neither NaN nor underflow. This module imports nothing from Ray.
+gradient (HAEPO's too). Each function's docstring gives its formula, with the paper's equation
+in a comment where it is computed; :mod:`haepo_ray.rl.baselines.dpo` and
+:mod:`haepo_ray.rl.baselines.grpo` give the full formulations and the choices made to apply
+them to RL episodes. Trajectory log-likelihoods enter DPO only through ``logsigmoid`` of
+differences, so episodes whose L_k are in the thousands give neither NaN nor underflow. This
+module imports nothing from Ray.
 """
 
 from __future__ import annotations
