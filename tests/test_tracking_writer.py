@@ -174,47 +174,55 @@ def test_a_resumed_writer_completes_the_partly_written_step_and_logs_nothing_twi
     assert not calls.not_logged
 
 
+# Run in a fresh interpreter: a storm of SIGINTs in pytest's own process also lands in what it
+# runs beside the test (its unraisable-exception hook, xdist's worker loop), and crashed a worker.
+CTRL_C_STORM = """
+import os, random, signal, sys, threading, time
+from haepo_ray import tracking
+from haepo_ray.tracking.retry import MLflowCalls
+from haepo_ray.tracking.writer import Metrics, MLflowWriter
+
+writer = MLflowWriter(MLflowCalls(sys.argv[1], tracking.RetryPolicy(retries=0, backoff_s=0)), flush_interval_s=0)
+storming = threading.Event()
+storming.set()
+
+def storm():
+    while storming.is_set():
+        time.sleep(random.uniform(0.0001, 0.002))
+        os.kill(os.getpid(), signal.SIGINT)
+
+interrupts, start = 0, time.monotonic()
+threading.Thread(target=storm, daemon=True).start()
+try:
+    message = Metrics("t1", 1, 0, {"x": 1.0})  # one object: nothing for the garbage collector
+    while interrupts < 200 and time.monotonic() - start < 20:
+        try:
+            while True:
+                writer.put(message)
+        except KeyboardInterrupt:
+            interrupts += 1
+finally:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the storm's last signals
+    storming.clear()
+    time.sleep(0.05)
+after = threading.Thread(target=writer.put, args=(Metrics("t1", 2, 0, {"x": 2.0}),), daemon=True)
+after.start()
+after.join(5)
+print(interrupts, after.is_alive())
+"""
+
+
 def test_puts_survive_ctrl_cs_inside_them(tmp_path):
     """A Ctrl-C's KeyboardInterrupt lands between any two bytecodes of the main thread; one
     inside ``queue.Queue.put`` left its lock held, and the run's end then waited for ever on its
     put (the hang of haepo train's Ctrl-C test). Hundreds of interrupts in the writer's puts,
     then a put from another thread still goes through, and the thread writes it."""
-    import os
-    import random
-    import signal
-    import threading
+    import subprocess
+    import sys
 
-    from haepo_ray.tracking.retry import MLflowCalls
-    from haepo_ray.tracking.writer import Metrics, MLflowWriter
-
-    calls = MLflowCalls(sqlite_store(tmp_path / "mlflow.db"), tracking.RetryPolicy(retries=0, backoff_s=0))
-    writer = MLflowWriter(calls, flush_interval_s=0)
-    storming = threading.Event()
-    storming.set()
-
-    def storm():
-        while storming.is_set():
-            time.sleep(random.uniform(0.0001, 0.002))
-            os.kill(os.getpid(), signal.SIGINT)
-
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupts, start = 0, time.monotonic()
-    threading.Thread(target=storm, daemon=True).start()
-    try:
-        message = Metrics("t1", 1, 0, {"x": 1.0})  # one object: nothing for the garbage collector
-        while interrupts < 200 and time.monotonic() - start < 20:
-            try:
-                while True:
-                    writer.put(message)
-            except KeyboardInterrupt:
-                interrupts += 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the storm's last signals
-        storming.clear()
-        time.sleep(0.05)
-        signal.signal(signal.SIGINT, before)
-    assert interrupts >= 50
-    after = threading.Thread(target=writer.put, args=(Metrics("t1", 2, 0, {"x": 2.0}),), daemon=True)
-    after.start()
-    after.join(5)
-    assert not after.is_alive(), "a put waited on the queue's lock"
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_STORM, sqlite_store(tmp_path / "mlflow.db")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    interrupts, alive = proc.stdout.split()[-2:]
+    assert int(interrupts) >= 50
+    assert alive == "False", "a put waited on the queue's lock"
