@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, PLANNED
 
-__all__ = ["METHOD", "RAY_TRAIN", "trial_settings"]
+__all__ = ["METHOD", "RAY_TRAIN", "RENAMES", "trial_settings"]
 
 RAY_TRAIN = "ray_train"  # the trial config's key for the workers and checkpoints
 METHOD = "method"  # the trial config's key for its method (haepo_ray.sweep.kinds.llm.plan)
+RENAMES = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}  # spec name -> settings field
 
 
 def trial_settings(config: dict[str, Any], device: str = "cpu"):

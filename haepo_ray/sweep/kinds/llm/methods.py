@@ -1,16 +1,19 @@
 """Methods in a language-model spec: a value of ``search_space.algorithm`` is an algorithm
 (``GRPO``) or an algorithm with settings of its own, a one-key map (``{HAEPO: {length_normalize:
 true}}``): a method, which the report shows as ``HAEPO (length_normalize=True)``. Read and
-checked here; :mod:`haepo_ray.sweep.kinds.llm.plan` turns them into the trials' configs."""
+checked here (:func:`unread_errors`: a setting the trials of a method would not read);
+:mod:`haepo_ray.sweep.kinds.llm.plan` turns them into the trials' configs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from haepo_ray.sweep.kinds.llm.config import RENAMES
 from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
+from haepo_ray.sweep.spec import SpecError
 
-__all__ = ["method_errors", "method_of", "methods"]
+__all__ = ["method_errors", "method_of", "methods", "unread_errors"]
 
 
 def method_of(value: Any) -> dict[str, Any]:
@@ -59,3 +62,33 @@ def method_errors(spec: LLMSweepSpec, allowed: list[str]) -> list[str]:
         errors.append(f"{where}: methods with settings of their own need search.algorithm grid or random, "
                       "not optuna")
     return errors
+
+
+def unread_errors(spec: LLMSweepSpec, settings_of: Callable[[Any], Any]) -> list[str]:
+    """A setting the spec gives trials that would not read it
+    (:func:`~haepo_ray.llm.settings.unread`; MLflow would log a value they ignore), per algorithm
+    or method of the trials (``settings_of`` one, its trials' settings before the search values),
+    unless the search space varies what decides it."""
+    from haepo_ray.llm.settings import READ_WHEN, unread
+
+    searched = spec.algorithm is None
+    varied = {RENAMES.get(name, name) for name in spec.search_space} - {"algo"}
+    errors: dict[str, None] = {}  # in order, once
+    for value in spec.search_space["algorithm"].values if searched else [spec.algorithm]:
+        method = method_of(value)
+        algo = method["algo"]
+        try:
+            settings = settings_of(value)
+        except SpecError:
+            continue  # a method whose settings are wrong: the planned trials' check names it
+        own = f"search_space.algorithm.{algo}"
+        for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space), (own, method)):
+            given = {RENAMES.get(name, name): name for name in mapping if name not in ("algo", "algorithm")}
+            decided = [field for field in given if field in READ_WHEN and not varied & set(READ_WHEN[field][0])]
+            for field, why in unread(settings, decided).items():
+                # the sweep's other algorithms may read it
+                hint = searched and section != own and "algo" in READ_WHEN[field][0]
+                errors[f"{spec.source or '<spec>'}: {section}.{given[field]}: {algo} trials would ignore it: "
+                       f"{why}; remove {given[field]}" + (f", or sweep {algo} in a spec of its own" if hint else "")
+                       ] = None
+    return list(errors)

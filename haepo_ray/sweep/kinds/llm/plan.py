@@ -10,7 +10,7 @@ Spec names: ``settings`` and ``search_space`` take the settings' fields (``lr``,
 ``beta_kl``, ``seed``, ``rl_updates``, ...), ``batch_size`` for ``batch_prompts`` and, in
 ``search_space``, ``algorithm`` for ``algo``; the model and data come from ``llm``, the
 device from ``llm.use_gpu``. A setting is refused where trials would not read it
-(:func:`~haepo_ray.llm.settings.unread`: ``beta_kl`` for DPO, ``clip_param`` for HAEPO).
+(:func:`~haepo_ray.sweep.kinds.llm.methods.unread_errors`: ``beta_kl`` for DPO, ``clip_param`` for HAEPO).
 
 Methods (:mod:`haepo_ray.sweep.kinds.llm.methods`): with a method among the values of
 ``search_space.algorithm``, the trial config's ``method`` holds the trial's method as written
@@ -36,9 +36,9 @@ from haepo_ray import names
 from haepo_ray.llm.data import data_file
 from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.cluster import Cluster, require_resources
-from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, trial_settings
+from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, RENAMES, trial_settings
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
-from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods
+from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods, unread_errors
 from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError
@@ -46,7 +46,6 @@ from haepo_ray.tracking.schema import LLM_METRICS
 
 __all__ = ["PLAN", "LLMPlan"]
 
-RENAMES = {BATCH_SIZE_ALIAS: "batch_prompts", "algorithm": "algo"}  # spec name -> settings field
 _FROM_SPEC = ("algo", "model", "data", "device")  # set by algorithm, llm.model, llm.data, llm.use_gpu
 
 
@@ -113,38 +112,11 @@ class LLMPlan(Plan):
         if methods(spec) is not None:
             keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
-        plan.check_unread()
-        return plan
-
-    def check_unread(self) -> None:
-        """Refuses a setting the spec gives trials that would not read it
-        (:func:`~haepo_ray.llm.settings.unread`): MLflow would log a value they ignore. Decided
-        per algorithm (or method) of the trials, unless the search space varies what decides it."""
-        from haepo_ray.llm.settings import READ_WHEN, unread
-
-        spec = self.spec
-        searched = spec.algorithm is None
-        varied = {RENAMES.get(name, name) for name in spec.search_space} - {"algo"}
-        errors: dict[str, None] = {}  # in order, once
-        for value in spec.search_space["algorithm"].values if searched else [spec.algorithm]:
-            method = method_of(value)
-            algo = method["algo"]
-            try:
-                settings = self.trial_config({"algorithm": value} if searched else {}, validate=False)
-            except SpecError:
-                continue  # a method whose settings are wrong: the dry run names it
-            own = f"search_space.algorithm.{algo}"
-            for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space), (own, method)):
-                given = {RENAMES.get(name, name): name for name in mapping if name not in ("algo", "algorithm")}
-                decided = [field for field in given if field in READ_WHEN and not varied & set(READ_WHEN[field][0])]
-                for field, why in unread(settings, decided).items():
-                    # the sweep's other algorithms may read it
-                    hint = searched and section != own and "algo" in READ_WHEN[field][0]
-                    errors[f"{spec.source or '<spec>'}: {section}.{given[field]}: {algo} trials would ignore it: "
-                           f"{why}; remove {given[field]}" + (f", or sweep {algo} in a spec of its own" if hint else "")
-                           ] = None
+        errors = unread_errors(spec, lambda value: plan.trial_config({"algorithm": value} if spec.algorithm is None
+                                                                      else {}, validate=False))
         if errors:
             raise SpecError("\n".join(errors))
+        return plan
 
     @property
     def title(self) -> str:
