@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import torch
 import yaml
 
@@ -34,6 +36,27 @@ RETURNS = {
     "GRPO": torch.tensor([0.3, 0.9, 0.1, 0.5, 0.2, 0.7], dtype=torch.float64),
     "DPO": torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64),  # gold first, then samples
 }
+
+
+GRID_2D = "tests/Grid2D-v0"
+
+
+class Grid2DEnv(gym.Env):
+    """One step, observed as a 3 x 4 grid: a 2-D Box, which RLlib's default model cannot take."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (3, 4), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((3, 4), np.float32), {}
+
+    def step(self, action):
+        return np.zeros((3, 4), np.float32), float(action), True, False, {}
+
+
+if GRID_2D not in gym.registry:
+    gym.register(GRID_2D, entry_point=Grid2DEnv)
 
 
 def group_batch(tokenizer):

@@ -109,6 +109,32 @@ def test_defaults_validate_and_reference_is_not_behavior():
     assert config.reference_policy == "lagged" and config.beta_kl > 0
 
 
+@pytest.mark.parametrize("algo", ["HAEPO", "GRPO", "PPO"])
+def test_every_algorithm_of_haepo_ray_takes_observations_that_are_not_a_box(algo):
+    """RLlib's own PPOConfig cannot build a model for FrozenLake's Discrete(16) squares; as
+    haepo-ray builds configs (haepo train, sweeps), every algorithm can, and a connector of
+    the config's own is kept."""
+    import gymnasium as gym
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from haepo_ray.rl import configs
+    from haepo_ray.rl.observations import flatten_non_box
+    from haepo_ray.upstream.rllib import connector_factories
+
+    spaces = (gym.spaces.Discrete(16), gym.spaces.Discrete(4))
+    with pytest.raises(ValueError, match=r"PPO's model for FrozenLake-v1 cannot be built: observations Discrete\(16\)"):
+        configs.check_model(PPOConfig().environment("FrozenLake-v1"), *spaces)
+    config = configs.build_config(algo, "FrozenLake-v1")
+    assert connector_factories(config) == (flatten_non_box, None)
+    configs.check_model(config, *spaces)
+
+    def own(env, spaces, device):
+        return []
+
+    kept = configs.apply_defaults(PPOConfig().environment("FrozenLake-v1").env_runners(env_to_module_connector=own))
+    assert connector_factories(kept)[0] is own
+
+
 # --- Sampling ------------------------------------------------------------------------------
 
 
@@ -452,6 +478,31 @@ def test_learns_a_gaussian_bandit(ray_session, num_env_runners):
     random_policy = float(np.mean(BANDIT_MEANS))
     assert episode_return(results[0]) < random_policy + 0.2
     assert episode_return(results[-1]) > 0.8
+
+
+def test_learns_a_frozen_lake_from_one_hot_squares(ray_session):
+    """FrozenLake's observation is its square, Discrete(9), which reaches the model one-hot
+    (haepo_ray.rl.observations). The way round the holes (H) is right, right, down, down: the
+    policy must tell squares apart, so it learns only if the encoding reaches the learner."""
+    import torch
+
+    config = (
+        HAEPOConfig()
+        .environment("FrozenLake-v1", env_config={"desc": ["SFF", "HHF", "FFG"], "is_slippery": False})
+        .training(episodes_per_batch=8, lr=0.05, beta_ent=0.01, beta_kl=0.01)
+        .rl_module(model_config={"fcnet_hiddens": [16]})
+        .debugging(seed=0)
+    )
+    results, algo = train(config, 30)
+    try:
+        assert episode_return(results[0]) < 0.5
+        assert np.mean([episode_return(r) for r in results[-5:]]) > 0.9
+        module = algo.get_module()
+        with torch.no_grad():
+            logits = module.forward_inference({"obs": torch.eye(9)[[0, 1, 2, 5]]})["action_dist_inputs"]
+        assert logits.argmax(dim=-1).tolist() == [2, 2, 1, 1]  # right, right, down, down
+    finally:
+        algo.stop()
 
 
 def test_continuous_actions_train_and_a_continuous_bandit_improves(ray_session):

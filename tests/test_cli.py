@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import kill_tree, sqlite_store
+from helpers import GRID_2D, kill_tree, sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray import names
@@ -63,6 +63,11 @@ def test_envs_lists_every_registered_id(capsys):
          "integer >= 1, got 0"),
         (["--env", "haepo/ChainMDP-v0", "--set", "env_config={lenght: 3}"],
          "env_config: haepo/ChainMDP-v0 does not take {'lenght': 3}: TypeError: "),
+        (["--env", GRID_2D], f"HAEPO's model for {GRID_2D} cannot be built: observations Box(0.0, 1.0, (3, 4), "
+         "float32), actions Discrete(2): ValueError: No default encoder config"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "model_config={fcnet_hiddens: [a]}"],
+         "HAEPO's model for haepo/ChainMDP-v0 cannot be built: observations Box(0.0, 1.0, (6,), float32), "
+         "actions Discrete(2): ValueError: "),
         (["--env", "haepo/ChainMDP-v0", "--stop-iters", "0"], "--stop-iters 0: Input should be greater than or equal to 1"),
         (["--env", "haepo/ChainMDP-v0", "--stop-time", "-1"], "--stop-time -1.0: Input should be greater than 0"),
         (["--stop-iters", "3"], "give --env (or --restore a checkpoint)"),

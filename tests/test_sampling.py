@@ -174,6 +174,47 @@ def test_rllibs_loop_keeps_sync_envs_in_rounds(ray_session):
         runner.stop()
 
 
+# FrozenLake: Discrete(16); Blackjack: Tuple(Discrete(32), Discrete(11), Discrete(2)).
+@pytest.mark.parametrize("env, width, ones", [("FrozenLake-v1", 16, 1), ("Blackjack-v1", 45, 3)])
+def test_observations_that_are_not_a_box_reach_the_model_one_hot(ray_session, env, width, ones):
+    runner = _runner(env)
+    try:
+        assert runner.lean_path_blocker() == "observation space is not a Box"
+        assert runner.module.observation_space.shape == (width,)
+        episodes = runner.sample(num_episodes=6)
+        obs = np.concatenate([e.get_observations() for e in episodes])
+        assert obs.shape[1] == width and set(np.unique(obs)) == {0.0, 1.0}
+        assert (obs.sum(axis=1) == ones).all()
+        if env == "FrozenLake-v1":  # every episode starts on square 0
+            assert [int(e.get_observations()[0].argmax()) for e in episodes] == [0] * 6
+    finally:
+        runner.stop()
+
+
+def test_a_connector_of_the_configs_own_closes_the_lean_path(ray_session):
+    runner = _runner("CartPole-v1", env_to_module_connector=lambda env, spaces, device: [])
+    try:
+        assert runner.lean_path_blocker() == "custom connectors"
+    finally:
+        runner.stop()
+
+
+@pytest.mark.parametrize("env, spaces, pieces", [
+    (gym.make("FrozenLake-v1"), None, 1),
+    (gym.make("CartPole-v1"), None, 0),
+    (None, {"__env_single__": (gym.spaces.Discrete(3), gym.spaces.Discrete(2))}, 1),  # the driver's call
+    (None, {"__env_single__": (gym.spaces.Box(0, 1, (2,)), gym.spaces.Discrete(2))}, 0),
+    (None, None, 0),
+])
+def test_only_observations_that_are_not_a_box_are_flattened(env, spaces, pieces):
+    from ray.rllib.connectors.env_to_module import FlattenObservations
+
+    from haepo_ray.rl.observations import flatten_non_box
+
+    made = flatten_non_box(env, spaces, None)
+    assert len(made) == pieces and all(isinstance(piece, FlattenObservations.func) for piece in made)
+
+
 def test_a_vectorised_runner_restores_its_streams_from_its_state(ray_session):
     runner = _runner("haepo/GaussianBandit-v0")
     try:

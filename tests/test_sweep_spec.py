@@ -24,6 +24,7 @@ from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.kinds import load_plan, parse_plan
 from haepo_ray.sweep.spec import SpecError, load_yaml
 from conftest import ray_temp_dir
+from helpers import GRID_2D
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = sorted((REPO / "tune_configs").rglob("*.yaml"))
@@ -296,6 +297,10 @@ def test_unknown_algorithm_env_and_setting(tmp_path):
     assert "env:" in message and "haepo/ChainMDP-v0" in message
     message = _error(tmp_path, _spec(env_config={"lenght": 3}))
     assert "env_config: haepo/ChainMDP-v0 does not take {'lenght': 3}" in message and "lenght" in message
+    message = _error(tmp_path, _spec(env=GRID_2D, env_config={}))
+    assert f"HAEPO's model for {GRID_2D} cannot be built: observations Box(0.0, 1.0, (3, 4), float32)" in message
+    message = _error(tmp_path, _spec(settings={"model_config": {"fcnet_hiddens": ["a"]}}))
+    assert "HAEPO's model for haepo/ChainMDP-v0 cannot be built" in message
     message = _error(tmp_path, _spec(settings={"episodes_per_bacth": 8}))
     assert "settings.episodes_per_bacth" in message and "did you mean episodes_per_batch" in message
     message = _error(tmp_path, _spec(search_space={"beta_ent": {"grid": [0.1]}}, algorithm="PPO"))

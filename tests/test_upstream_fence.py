@@ -61,7 +61,7 @@ PUBLIC_MODULES = {
     "ray.tune.search", "ray.tune.search.basic_variant", "ray.tune.search.optuna", "ray.tune.search.variant_generator",
     "ray.tune.trainable", "ray.tune.integration.ray_train",
     "ray.rllib.algorithms.", "ray.rllib.callbacks.callbacks", "ray.rllib.callbacks.utils",
-    "ray.rllib.connectors.connector_v2", "ray.rllib.core", "ray.rllib.core.columns",
+    "ray.rllib.connectors.connector_v2", "ray.rllib.connectors.env_to_module", "ray.rllib.core", "ray.rllib.core.columns",
     "ray.rllib.core.learner.learner_group", "ray.rllib.core.learner.torch.torch_learner",
     "ray.rllib.core.rl_module.multi_rl_module", "ray.rllib.core.rl_module.rl_module",
     "ray.rllib.env.single_agent_episode", "ray.rllib.utils.checkpoints", "ray.rllib.utils.metrics",

@@ -100,14 +100,20 @@ def train_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
 
 
 def _checked_env_config(config):
-    """``config``, once its env is made from its env_config here (:func:`check_env_config`):
-    a bad env_config is a usage error, not a traceback from Ray's env runners."""
-    from haepo_ray.envs import check_env_config
+    """``config``, once its env is made from its env_config here (:func:`env_spaces`) and its
+    model built for the env's spaces (:func:`check_model`): a bad env_config, or spaces or a
+    model_config the model cannot take, is a usage error, not a traceback from Ray's env runners."""
+    from haepo_ray.envs import env_spaces
+    from haepo_ray.rl.configs import check_model
 
     try:
-        check_env_config(config.env, config.env_config)
+        spaces = env_spaces(config.env, config.env_config)
     except ValueError as err:
         raise UsageError(f"env_config: {err}") from None
+    try:
+        check_model(config, *spaces)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     return config
 
 

@@ -92,14 +92,16 @@ def check_env_id(env_id: str) -> None:
     )
 
 
-def check_env_config(env_id: str, env_config: dict | None = None) -> None:
-    """Raise ``ValueError`` unless ``env_id`` (a known id: :func:`check_env_id`) makes an env
-    from ``env_config``, saying the env's own error (an unknown or out-of-range argument), which
-    would otherwise end a trial's env runners."""
+def env_spaces(env_id: str, env_config: dict | None = None) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of the env ``env_id`` (a known id: :func:`check_env_id`)
+    makes from ``env_config``; ``ValueError`` with the env's own error (an unknown or
+    out-of-range argument), which would otherwise end a trial's env runners."""
     try:
-        make_env(env_id, env_config).close()
+        env = make_env(env_id, env_config)
+        env.close()
     except Exception as err:
         raise ValueError(f"{env_id} does not take {dict(env_config or {})}: {type(err).__name__}: {err}") from None
+    return env.observation_space, env.action_space
 
 
 def make_env(env_id: str, env_config: dict | None = None) -> gym.Env:

@@ -39,6 +39,7 @@ from ray.rllib.utils.metrics import (
 
 from haepo_ray.rl.callbacks import EpisodeInfoMetrics
 from haepo_ray.rl.env_runner import HAEPOEnvRunner
+from haepo_ray.rl.observations import flatten_non_box
 from haepo_ray.envs import register_with_ray
 from haepo_ray.rl.learner import TRAINING_ITERATION
 from haepo_ray.baseline_losses import lone_episode_reason
@@ -70,6 +71,7 @@ class HAEPOConfig(AlgorithmConfig):
         self.log_gradients = True
         self.env_runner_cls = HAEPOEnvRunner
         self.callbacks_class = EpisodeInfoMetrics
+        self.env_runners(env_to_module_connector=flatten_non_box)
 
     def training(
         self,

@@ -21,18 +21,24 @@ from haepo_ray.upstream import rllib as rllib_internals
 
 
 def apply_defaults(config: AlgorithmConfig) -> AlgorithmConfig:
-    """What sweeps and ``haepo train`` give every algorithm (HAEPO has both already): the
+    """What sweeps and ``haepo train`` give every algorithm (HAEPO has all three already): the
     paper's episode metrics (regret, success rate) where ``config`` has RLlib's default
-    callbacks, and an independent seed per sub-env where it has RLlib's default env runner."""
+    callbacks; where it has one agent, an independent seed per sub-env where it has RLlib's
+    default env runner, and observations that are not a Box one-hot encoded and flattened
+    (:mod:`~haepo_ray.rl.observations`) where it has no env-to-module connector of its own."""
     from ray.rllib.callbacks.callbacks import RLlibCallback
 
     from haepo_ray.rl.callbacks import EpisodeInfoMetrics
     from haepo_ray.rl.env_runner import IndependentSeedsEnvRunner
+    from haepo_ray.rl.observations import flatten_non_box
 
     if config.callbacks_class is RLlibCallback:
         config.callbacks(EpisodeInfoMetrics)
-    if config.env_runner_cls is None and not config.is_multi_agent:
-        config.env_runners(env_runner_cls=IndependentSeedsEnvRunner)
+    if not config.is_multi_agent:
+        if config.env_runner_cls is None:
+            config.env_runners(env_runner_cls=IndependentSeedsEnvRunner)
+        if rllib_internals.connector_factories(config)[0] is None:
+            config.env_runners(env_to_module_connector=flatten_non_box)
     return config
 
 
@@ -164,6 +170,27 @@ def validate(config: AlgorithmConfig) -> AlgorithmConfig:
     except Exception as err:
         raise ValueError(str(err).split("\nTo suppress")[0]) from None
     return config
+
+
+def check_model(config: AlgorithmConfig, observation_space, action_space) -> None:
+    """Raise ``ValueError`` unless ``config`` builds its RLModule for an env of these spaces as
+    its env runners will (the observations as its env-to-module connector gives them): an
+    observation space RLlib's default model cannot take (a 2-D Box) or a ``model_config`` it
+    cannot build, said before Ray starts instead of in a traceback from the env runners."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    if config.is_multi_agent:
+        return
+    spaces = rllib_internals.env_spaces(observation_space, action_space)
+    model_input = config.build_env_to_module_connector(spaces=spaces).observation_space
+    try:
+        with rllib_internals.without_module_config_notice():
+            config.get_rl_module_spec(spaces={DEFAULT_MODULE_ID: (model_input, action_space)}).build()
+    except Exception as err:
+        given = "" if model_input == observation_space else f" (given to the model as {model_input})"
+        raise ValueError(
+            f"{config.algo_class.__name__}'s model for {config.env} cannot be built: observations "
+            f"{observation_space}{given}, actions {action_space}: {type(err).__name__}: {err}") from None
 
 
 def build_config(

@@ -37,10 +37,12 @@ Installed by the sweep's trainable (:mod:`haepo_ray.sweep.kinds.rl.trainable`), 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
@@ -98,10 +100,29 @@ def record_sampled(runner, episodes: list, num_steps: int) -> None:
     runner._increase_sampled_metrics(num_steps, len(episodes))
 
 
-def custom_connectors(config) -> bool:
-    """``AlgorithmConfig._env_to_module_connector`` / ``_module_to_env_connector``: set
-    when the user adds connector pieces, which the lean path would skip."""
-    return config._env_to_module_connector is not None or config._module_to_env_connector is not None
+def connector_factories(config) -> tuple[Callable | None, Callable | None]:
+    """``AlgorithmConfig._env_to_module_connector`` / ``_module_to_env_connector``: the
+    functions that make a config's own connector pieces (None: none), which the lean path
+    would skip."""
+    return config._env_to_module_connector, config._module_to_env_connector
+
+
+def single_env_spaces(spaces: dict | None) -> tuple | None:
+    """``spaces[INPUT_ENV_SINGLE_SPACES]``: one env's (observation, action) spaces in the
+    ``spaces`` an env-to-module connector factory is given (None where it holds none); the
+    key is a constant of ``ray.rllib.env``, which RLlib's API reference does not list."""
+    from ray.rllib.env import INPUT_ENV_SINGLE_SPACES
+
+    return (spaces or {}).get(INPUT_ENV_SINGLE_SPACES)
+
+
+def env_spaces(observation_space, action_space) -> dict:
+    """The ``spaces`` of ``AlgorithmConfig.build_env_to_module_connector`` for an env of these
+    spaces (RLlib's own env runners pass the same two keys of ``ray.rllib.env``)."""
+    from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
+
+    spaces = (observation_space, action_space)
+    return {INPUT_ENV_SPACES: spaces, INPUT_ENV_SINGLE_SPACES: spaces}
 
 
 def set_episode_times(episode, start: float, end: float) -> None:
@@ -142,6 +163,23 @@ def mute_new_stack_notice(config) -> None:
     from ray.util.debug import log_once
 
     log_once(f"{config.algo_class.__name__}_on_new_api_stack")
+
+
+@contextlib.contextmanager
+def without_module_config_notice() -> Iterator[None]:
+    """RLModules built in here without the warning, logged by ``ray._common.deprecation``'s
+    logger at every build of a default module, that ``RLModule(config=...)`` is deprecated:
+    RLlib 2.60 passes that config itself, so the warning is nothing the user can act on."""
+    from ray._common import deprecation
+
+    def other(record: logging.LogRecord) -> bool:
+        return "RLModule(config=" not in record.getMessage()
+
+    deprecation.logger.addFilter(other)
+    try:
+        yield
+    finally:
+        deprecation.logger.removeFilter(other)
 
 
 def config_error(config, message: str) -> None:
@@ -240,8 +278,11 @@ INTERNALS = (
              ("self", "batch", "kwargs")),
     Internal("ray.rllib.core.rl_module.rl_module:RLModule", "_forward_inference", "read: the inference pass",
              ("self", "batch", "kwargs")),
-    Internal(_CONFIG, "_env_to_module_connector", "read: custom connector pieces", kind="instance"),
-    Internal(_CONFIG, "_module_to_env_connector", "read: custom connector pieces", kind="instance"),
+    Internal(_CONFIG, "_env_to_module_connector", "read: the config's own connector pieces", kind="instance"),
+    Internal(_CONFIG, "_module_to_env_connector", "read: the config's own connector pieces", kind="instance"),
+    Internal("ray._common.deprecation", "logger", "filtered: RLlib's own RLModule(config=...) warning"),
+    Internal("ray.rllib.env", "INPUT_ENV_SINGLE_SPACES", "read: one env's spaces in a connector factory's spaces"),
+    Internal("ray.rllib.env", "INPUT_ENV_SPACES", "read: the vector env's spaces there"),
     Internal(_CONFIG, "_value_error", "called: a validation error", ("self", "errmsg")),
     Internal(_CONFIG, "_model_config", "read: the model config so far", kind="instance"),
     Internal("ray.rllib.env.single_agent_episode:SingleAgentEpisode", "_start_time", "written: the episode's start",

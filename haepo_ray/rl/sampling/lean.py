@@ -2,7 +2,8 @@
 
 RLlib's sampling loop runs its env-to-module and module-to-env connector pipelines, and
 times each piece, at every env step; on CartPole that is most of the sampling time. For
-the common case (one agent, a stateless RLModule, RLlib's default connectors, a Box
+the common case (one agent, a stateless RLModule, RLlib's default connectors, to which
+:func:`~haepo_ray.rl.observations.flatten_non_box` adds none for a Box observation space, a Box
 observation space, a Box or Discrete action space, callbacks without per-step hooks, a
 vector env with gymnasium's NEXT_STEP autoreset) HAEPO's runner samples here instead:
 
@@ -35,6 +36,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
 
+from haepo_ray.rl.observations import flatten_non_box
 from haepo_ray.upstream import rllib as rllib_internals
 from haepo_ray.upstream.torch import default_validate_args
 
@@ -45,7 +47,8 @@ def config_blocker(config, callbacks: list) -> str | None:
     """Why the config rules the lean path out (before env and module exist), or None."""
     if config.is_multi_agent:
         return "multi-agent"
-    if rllib_internals.custom_connectors(config):
+    env_to_module, module_to_env = rllib_internals.connector_factories(config)
+    if env_to_module not in (None, flatten_non_box) or module_to_env is not None:
         return "custom connectors"
     if any(getattr(config, f"callbacks_{hook}") is not None for hook in PER_STEP_HOOKS) or any(
         getattr(type(cb), hook) is not getattr(RLlibCallback, hook) for cb in callbacks for hook in PER_STEP_HOOKS

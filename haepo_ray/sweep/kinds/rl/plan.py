@@ -56,13 +56,17 @@ class RLPlan(Plan):
                                         resources=(spec.resources.cpus, spec.resources.gpus))
         except UnknownAlgorithm as err:
             raise SpecError(f"{source}: algorithm: {err}") from None
-        _check_env(spec, source)
+        spaces = _env_spaces(spec, source)
         _check_metric(spec, source)
         _check_setting_names(spec, base, source)
         try:
             base = configs.apply_settings(base, spec.settings)
         except ValueError as err:
             raise SpecError(f"{source}: settings: {err}") from None
+        try:
+            configs.check_model(base, *spaces)
+        except ValueError as err:
+            raise SpecError(f"{source}: {err}") from None
         mutations_spec = spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
         search_keys = {name: configs.config_key(base, name) for name in spec.search_space}
         mutations = {configs.config_key(base, name): list(dim.values) if dim.kind == "choice" else dim.to_tune()
@@ -132,15 +136,16 @@ class RLPlan(Plan):
         return name
 
 
-def _check_env(spec: RLSweepSpec, source: str) -> None:
-    from haepo_ray.envs import check_env_config, check_env_id
+def _env_spaces(spec: RLSweepSpec, source: str) -> tuple[Any, Any]:
+    """The observation and action spaces of the spec's env, made from its env_config."""
+    from haepo_ray.envs import check_env_id, env_spaces
 
     try:
         check_env_id(spec.env)
     except ValueError as err:
         raise SpecError(f"{source}: env: {err}") from None
     try:
-        check_env_config(spec.env, spec.env_config)
+        return env_spaces(spec.env, spec.env_config)
     except ValueError as err:
         raise SpecError(f"{source}: env_config: {err}") from None
 
