@@ -181,7 +181,7 @@ def check_model(config: AlgorithmConfig, observation_space, action_space) -> Non
 
     if config.is_multi_agent:
         return
-    spaces = rllib_internals.env_spaces(observation_space, action_space)
+    spaces = rllib_internals.connector_spaces(observation_space, action_space)
     model_input = config.build_env_to_module_connector(spaces=spaces).observation_space
     try:
         with rllib_internals.without_module_config_notice():

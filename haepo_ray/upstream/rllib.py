@@ -116,7 +116,7 @@ def single_env_spaces(spaces: dict | None) -> tuple | None:
     return (spaces or {}).get(INPUT_ENV_SINGLE_SPACES)
 
 
-def env_spaces(observation_space, action_space) -> dict:
+def connector_spaces(observation_space, action_space) -> dict:
     """The ``spaces`` of ``AlgorithmConfig.build_env_to_module_connector`` for an env of these
     spaces (RLlib's own env runners pass the same two keys of ``ray.rllib.env``)."""
     from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
