@@ -68,6 +68,11 @@ def test_envs_lists_every_registered_id(capsys):
         (["--env", "haepo/ChainMDP-v0", "--set", "model_config={fcnet_hiddens: [a]}"],
          "HAEPO's model for haepo/ChainMDP-v0 cannot be built: observations Box(0.0, 1.0, (6,), float32), "
          "actions Discrete(2): ValueError: "),
+        (["--env", "haepo/ChainMDP-v0", "--set", "reference_policy=initial", "--set", "reference_update_interval=5"],
+         "--set reference_update_interval: this run would not read it: it is how often the 'lagged' reference policy "
+         "is refreshed (here: reference_policy 'initial'); leave it out"),
+        (["--env", "haepo/ChainMDP-v0", "--algo", "DPO", "--set", "reward_normalization=sum"],
+         "--set reward_normalization: this run would not read it: DPO's loss reads only the order of the returns"),
         (["--env", "haepo/ChainMDP-v0", "--stop-iters", "0"], "--stop-iters 0: Input should be greater than or equal to 1"),
         (["--env", "haepo/ChainMDP-v0", "--stop-time", "-1"], "--stop-time -1.0: Input should be greater than 0"),
         (["--stop-iters", "3"], "give --env (or --restore a checkpoint)"),
@@ -288,9 +293,9 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     """--restore alone: the checkpoint's algorithm, env and settings (its model among them),
     --set over them; the run goes on from the checkpoint's iteration (the stop criteria count
     from its start) and names it in a tag. Refused, saying what to give: another --algo or
-    --env, a checkpoint that has trained --stop-iters already, a --set that changes its model,
-    a folder that is no checkpoint, a --checkpoint-dir that holds a checkpoint or is below a file, each
-    before an MLflow run starts (on the session's Ray, as above)."""
+    --env, a checkpoint that has trained --stop-iters already, a --set that changes its model or
+    that the run would not read, a folder that is no checkpoint, a --checkpoint-dir that holds a
+    checkpoint or is below a file, each before an MLflow run starts (on the session's Ray, as above)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
     monkeypatch.setattr(ray_session, "shutdown", lambda: None)
@@ -328,6 +333,9 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
         "its run's start)")
     assert "its state does not fit the HAEPO these settings build (a --set that changes the model?)" in \
         refusal("--set", "model_config={fcnet_hiddens: [4]}")
+    assert refusal("--set", "reference_policy=behavior", "--set", "beta_kl=0.1").startswith(
+        "haepo train: error: --set beta_kl: this run would not read it: the 'behavior' reference is the policy that "
+        "sampled the batch")  # the --set judged on the checkpoint's settings (num_epochs 1)
     assert refusal("--set", "env_config={length: 0}").startswith(
         "haepo train: error: env_config: haepo/ChainMDP-v0 does not take {'length': 0}: ValueError: ")
     assert refusal("--checkpoint-dir", str(ck)) == (  # the checkpoint it goes on from, as any other

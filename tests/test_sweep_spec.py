@@ -363,6 +363,27 @@ def test_invalid_setting_values_are_named(tmp_path):
     assert "episodes_per_batch" in str(info.value)
 
 
+def test_a_setting_the_trials_would_not_read_is_refused_unless_what_decides_it_is_searched(tmp_path):
+    """haepo_ray.rl.unread: in settings, the search space and PBT's mutations, each named with why;
+    a search over what decides it (some trials read it) is left to the trials."""
+    message = _error(tmp_path, _spec(settings={"reference_policy": "initial"},
+                                     search_space={"reference_update_interval": {"grid": [1, 5]}}))
+    assert message.endswith("bad.yaml: search_space.reference_update_interval: HAEPO trials would ignore it: it is "
+                            "how often the 'lagged' reference policy is refreshed (here: reference_policy 'initial'); "
+                            "remove reference_update_interval"), message
+    message = _error(tmp_path, _spec(algorithm="GRPO", settings={"num_epochs": 1, "clip_param": 0.1},
+                                     scheduler={"type": "pbt", "mutations": {"beta_kl": {"uniform": [0.0, 0.1]}}},
+                                     search_space={"reference_policy": {"grid": ["behavior"]}}))
+    assert "settings.clip_param: GRPO trials would ignore it: GRPO's ratio" in message
+    assert "beta_kl" not in message  # reference_policy is searched: not judged
+    message = _error(tmp_path, _spec(algorithm="DPO",
+                                     search_space={"reward_normalization": {"grid": ["zscore", "sum"]}}))
+    assert "search_space.reward_normalization: DPO trials would ignore it: DPO's loss reads only" in message
+    parse_plan(_spec(settings={"reference_update_interval": 5},  # the 'lagged' trial reads it
+                     search_space={"reference_policy": {"grid": ["initial", "lagged"]}}), "ok.yaml")
+    parse_plan(_spec(algorithm="GRPO", settings={"clip_param": 0.1}), "grpo.yaml")  # num_epochs 2, GRPO's default
+
+
 def test_every_bad_trial_is_named_and_a_sweep_refuses_them_before_ray_starts(tmp_path, monkeypatch):
     from haepo_ray.sweep import runner
 

@@ -96,7 +96,18 @@ def train_config(algo: str, env: str, seed: int | None, overrides: dict[str, Any
         config = configs.validate(configs.build_config(algo, env, seed=seed, settings=overrides))
     except (UnknownAlgorithm, ValueError) as err:
         raise UsageError(str(err)) from None
-    return _checked_env_config(config)
+    return _checked_env_config(_read_overrides(config, overrides))
+
+
+def _read_overrides(config, overrides: Mapping[str, Any]):
+    """``config``, unless it would not read a setting ``--set`` gives (:func:`unread`): a usage error."""
+    from haepo_ray.rl.unread import unread
+
+    ignored = unread(config, overrides)
+    if ignored:
+        raise UsageError("\n".join(f"--set {name}: this run would not read it: {why}; leave it out"
+                                   for name, why in ignored.items()))
+    return config
 
 
 def _checked_env_config(config):
@@ -176,7 +187,7 @@ def restored_config(args: argparse.Namespace, overrides: dict[str, Any]):
         config = configs.validate(configs.apply_settings(config, overrides))
     except ValueError as err:
         raise UsageError(str(err)) from None
-    return _checked_env_config(config)
+    return _checked_env_config(_read_overrides(config, overrides))
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -67,12 +67,14 @@ class RLPlan(Plan):
             configs.check_model(base, *spaces)
         except ValueError as err:
             raise SpecError(f"{source}: {err}") from None
-        mutations_spec = spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
+        mutations_spec = _mutations(spec)
         search_keys = {name: configs.config_key(base, name) for name in spec.search_space}
         mutations = {configs.config_key(base, name): list(dim.values) if dim.kind == "choice" else dim.to_tune()
                      for name, dim in mutations_spec.items()}
         search_keys.update({key: key for key in mutations})
-        return cls(spec, base.algo_class, base, search_keys, mutations).checked()
+        plan = cls(spec, base.algo_class, base, search_keys, mutations).checked()
+        _check_read(spec, base, source)
+        return plan
 
     @property
     def title(self) -> str:
@@ -163,6 +165,11 @@ def new_stack_metric(metric: str) -> str | None:
     return new if new != metric else None
 
 
+def _mutations(spec: RLSweepSpec) -> dict[str, Any]:
+    """PBT's mutations by spec name, or none."""
+    return spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
+
+
 def _check_metric(spec: RLSweepSpec, source: str) -> None:
     new = new_stack_metric(spec.metric)
     if new is not None:
@@ -175,7 +182,7 @@ def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
     alias_target = configs.batch_size_key(config)
     alias = names.BATCH_SIZE_ALIAS
     errors = []
-    mutations = spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
+    mutations = _mutations(spec)
     for section, given in (("settings", spec.settings), ("search_space", spec.search_space),
                            ("scheduler.mutations", mutations)):
         for name in given:
@@ -195,6 +202,25 @@ def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
             errors.append(f"{source}: {section}: give either batch_size or {alias_target}, not both")
     for name in sorted((set(spec.settings) & set(spec.search_space)) - {alias}):
         errors.append(f"{source}: {name}: in both settings and search_space; keep one")
+    if errors:
+        raise SpecError("\n".join(errors))
+
+
+def _check_read(spec: RLSweepSpec, config, source: str) -> None:
+    """A setting the spec gives that its trials would not read (:func:`~haepo_ray.rl.unread.unread`:
+    they would log a value that changed nothing, and a search over it would repeat one trial), judged
+    on ``config`` (the trials' config before search values) unless the search space or PBT's
+    mutations vary what decides it."""
+    from haepo_ray.rl.unread import READ_WHEN, unread
+
+    mutations = _mutations(spec)
+    varied = set(spec.search_space) | set(mutations)
+    errors = []
+    for section, given in (("settings", spec.settings), ("search_space", spec.search_space),
+                           ("scheduler.mutations", mutations)):
+        decided = [name for name in given if name in READ_WHEN and not varied & set(READ_WHEN[name][0])]
+        errors += [f"{source}: {section}.{name}: {spec.algorithm} trials would ignore it: {why}; remove {name}"
+                   for name, why in unread(config, decided).items()]
     if errors:
         raise SpecError("\n".join(errors))
 
