@@ -170,6 +170,12 @@ def _mutations(spec: RLSweepSpec) -> dict[str, Any]:
     return spec.scheduler.mutations if isinstance(spec.scheduler, PBTScheduler) else {}
 
 
+def _given(spec: RLSweepSpec) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """Each section of the spec that gives settings, by its name in errors, with what it gives."""
+    return (("settings", spec.settings), ("search_space", spec.search_space),
+            ("scheduler.mutations", _mutations(spec)))
+
+
 def _check_metric(spec: RLSweepSpec, source: str) -> None:
     new = new_stack_metric(spec.metric)
     if new is not None:
@@ -182,9 +188,7 @@ def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
     alias_target = configs.batch_size_key(config)
     alias = names.BATCH_SIZE_ALIAS
     errors = []
-    mutations = _mutations(spec)
-    for section, given in (("settings", spec.settings), ("search_space", spec.search_space),
-                           ("scheduler.mutations", mutations)):
+    for section, given in _given(spec):
         for name in given:
             if name == alias:
                 continue
@@ -213,11 +217,9 @@ def _check_read(spec: RLSweepSpec, config, source: str) -> None:
     mutations vary what decides it."""
     from haepo_ray.rl.unread import READ_WHEN, unread
 
-    mutations = _mutations(spec)
-    varied = set(spec.search_space) | set(mutations)
+    varied = set(spec.search_space) | set(_mutations(spec))
     errors = []
-    for section, given in (("settings", spec.settings), ("search_space", spec.search_space),
-                           ("scheduler.mutations", mutations)):
+    for section, given in _given(spec):
         decided = [name for name in given if name in READ_WHEN and not varied & set(READ_WHEN[name][0])]
         errors += [f"{source}: {section}.{name}: {spec.algorithm} trials would ignore it: {why}; remove {name}"
                    for name, why in unread(config, decided).items()]
