@@ -53,22 +53,25 @@ def test_a_loss_reads_a_setting_exactly_where_read_when_says(stats, name, algo, 
         try:
             runs.append(LLMTrainSettings(model="tiny", algo=algo, num_iterations=num_iterations, **{name: value}))
         except ValueError:  # the settings refuse this value for the algorithm: never read
-            assert name in unread(runs[0], [name])
+            assert name in unread(runs[:1], [name])
             return
     (loss_a, grad_a), (loss_b, grad_b) = (_loss_and_gradient(s, stats) for s in runs)
     changed = not (torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b))
-    assert changed == (name not in unread(runs[0], [name])), (name, algo, num_iterations, changed)
+    assert changed == (name not in unread(runs[:1], [name])), (name, algo, num_iterations, changed)
 
 
 def test_unread_names_what_decides_it():
-    assert unread(LLMTrainSettings(lora_r=0), ["lora_alpha", "lora_target_modules", "lr"]) == {
+    assert unread([LLMTrainSettings(lora_r=0)], ["lora_alpha", "lora_target_modules", "lr"]) == {
         "lora_alpha": READ_WHEN["lora_alpha"][2], "lora_target_modules": READ_WHEN["lora_target_modules"][2]}
-    assert unread(LLMTrainSettings(lora_r=4), ["lora_alpha", "lora_target_modules"]) == {}
-    assert list(unread(LLMTrainSettings(), ["logits_chunk"])) == ["logits_chunk"]
-    assert unread(LLMTrainSettings(logits="chunked"), ["logits_chunk"]) == {}
+    assert unread([LLMTrainSettings(lora_r=4)], ["lora_alpha", "lora_target_modules"]) == {}
+    assert list(unread([LLMTrainSettings()], ["logits_chunk"])) == ["logits_chunk"]
+    assert unread([LLMTrainSettings(logits="chunked")], ["logits_chunk"]) == {}
     for algo in ALGORITHMS:  # with num_iterations 1, the default
-        assert "clip_param" in unread(LLMTrainSettings(algo=algo), ["clip_param"])
-    assert unread(LLMTrainSettings(algo="GRPO", num_iterations=2), ["clip_param"]) == {}
+        assert "clip_param" in unread([LLMTrainSettings(algo=algo)], ["clip_param"])
+    assert unread([LLMTrainSettings(algo="GRPO", num_iterations=2)], ["clip_param"]) == {}
+    # a sweep's trials: refused when none reads it
+    grpo = [LLMTrainSettings(algo="GRPO", num_iterations=n) for n in (1, 2)]
+    assert unread(grpo[:1], ["clip_param"]) != {} and unread(grpo, ["clip_param"]) == {}
 
 
 def _objectives():

@@ -363,6 +363,11 @@ RESUME_UPDATES, RESUME_EVERY = 9, 3  # the kill lands after the checkpoint of up
      "llm.yaml: settings.clip_param: GRPO trials would ignore it"),
     ({"settings": {"lora_alpha": 8.0}}, "settings.lora_alpha: HAEPO trials would ignore it: it sets LoRA's adapters, "
      "and with lora_r 0 there are none (every weight trains); remove lora_alpha\n"),
+    # judged with every value searched for what else decides it
+    ({"search_space": {"algorithm": {"grid": ["HAEPO", "GRPO"]}, "lora_r": {"grid": [0]}},
+      "settings": {"lora_alpha": 8.0}}, "settings.lora_alpha: HAEPO trials would ignore it"),
+    ({"algorithm": "GRPO", "search_space": {"num_iterations": {"grid": [1]}}, "settings": {"clip_param": 0.1}},
+     "settings.clip_param: GRPO trials would ignore it: it is GRPO's clip of the ratio to the old policy"),
 ])
 def test_llm_spec_errors_name_the_key(change, message):
     spec = yaml.safe_load(SMOKE.read_text())
@@ -375,9 +380,11 @@ def test_llm_spec_errors_name_the_key(change, message):
 @pytest.mark.parametrize(("change", "values", "expected"), [
     ({"search_space": {"algorithm": {"grid": ["HAEPO", {"GRPO": {"num_iterations": 2, "clip_param": 0.1}}]}}},
      {"algorithm": {"GRPO": {"num_iterations": 2, "clip_param": 0.1}}}, {"algo": "GRPO", "clip_param": 0.1}),
-    # lora_r searched: its trials with adapters read lora_alpha
+    # lora_r (num_iterations) searched: its trials with adapters (more iterations) read lora_alpha (clip_param)
     ({"search_space": {"lora_r": {"grid": [0, 8]}}, "algorithm": "HAEPO", "settings": {"lora_alpha": 32.0}},
      {"lora_r": 8}, {"lora_r": 8, "lora_alpha": 32.0}),
+    ({"search_space": {"num_iterations": {"grid": [1, 2]}}, "algorithm": "GRPO", "settings": {"clip_param": 0.1}},
+     {"num_iterations": 2}, {"num_iterations": 2, "clip_param": 0.1}),
 ])
 def test_settings_the_trials_read_are_taken(change, values, expected):
     spec = yaml.safe_load(SMOKE.read_text())

@@ -63,19 +63,24 @@ def test_a_run_reads_a_setting_exactly_where_read_when_says(ray_session, name, a
     configs = [_config(algo, {**decided, name: value}) for value in VALUES[name]]
     first, second = (_trained_weights(config) for config in configs)
     change = max(float(np.abs(first[key] - second[key]).max()) for key in first)
-    ignored = name in unread(configs[0], [name])
+    ignored = name in unread(configs[:1], [name])
     assert ignored == (change < ROUNDING), (name, algo, decided, change)
     assert ignored or change > 1e3 * ROUNDING  # a read setting is not near the rounding
 
 
 def test_unread_says_why_with_the_values_that_decide_it():
     initial = HAEPOConfig().training(reference_policy="initial")
-    assert unread(initial, ["reference_update_interval", "lr", "beta_kl"]) == {
+    assert unread([initial], ["reference_update_interval", "lr", "beta_kl"]) == {
         "reference_update_interval": READ_WHEN["reference_update_interval"][2] + " (here: reference_policy 'initial')"}
     behavior = GRPOConfig().training(reference_policy="behavior", num_epochs=1)
-    assert list(unread(behavior, ["beta_kl", "clip_param", "reward_normalization"])) == ["beta_kl", "clip_param"]
-    assert "(here: reference_policy 'behavior', num_epochs 1)" in unread(behavior, ["beta_kl"])["beta_kl"]
-    assert unread(DPOConfig(), ["reward_normalization"]) == {
+    assert list(unread([behavior], ["beta_kl", "clip_param", "reward_normalization"])) == ["beta_kl", "clip_param"]
+    assert "(here: reference_policy 'behavior', num_epochs 1)" in unread([behavior], ["beta_kl"])["beta_kl"]
+    assert unread([DPOConfig()], ["reward_normalization"]) == {
         "reward_normalization": "DPO's loss reads only the order of the returns"}
     # PPO's clip_param is PPO's own (its minibatches move the ratio); RLlib's settings are not judged here
-    assert unread(PPOConfig().training(num_epochs=1), ["clip_param", "lr"]) == {}
+    assert unread([PPOConfig().training(num_epochs=1)], ["clip_param", "lr"]) == {}
+    # a sweep's trials: refused when none reads it, with every value that decides it
+    runs = [initial, HAEPOConfig().training(reference_policy="behavior"), initial]
+    assert unread(runs, ["reference_update_interval"])["reference_update_interval"].endswith(
+        "(here: reference_policy 'initial' or 'behavior')")
+    assert unread([*runs, HAEPOConfig().training(reference_policy="lagged")], ["reference_update_interval"]) == {}

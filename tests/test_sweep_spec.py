@@ -22,7 +22,7 @@ from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, check_own_fit
 from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.kinds import load_plan, parse_plan
-from haepo_ray.sweep.spec import SpecError, load_yaml
+from haepo_ray.sweep.spec import FEW_VALUES, Dim, SpecError, SweepSpec, load_yaml
 from conftest import ray_temp_dir
 from helpers import GRID_2D
 
@@ -363,25 +363,75 @@ def test_invalid_setting_values_are_named(tmp_path):
     assert "episodes_per_batch" in str(info.value)
 
 
-def test_a_setting_the_trials_would_not_read_is_refused_unless_what_decides_it_is_searched(tmp_path):
+def test_a_setting_no_trial_would_read_is_refused_judged_with_each_value_of_what_decides_it(tmp_path):
     """haepo_ray.rl.unread: in settings, the search space and PBT's mutations, each named with why;
-    a search over what decides it (some trials read it) is left to the trials."""
+    judged with every value the trials give what decides it, and left to the trials when those are many."""
     message = _error(tmp_path, _spec(settings={"reference_policy": "initial"},
                                      search_space={"reference_update_interval": {"grid": [1, 5]}}))
     assert message.endswith("bad.yaml: search_space.reference_update_interval: HAEPO trials would ignore it: it is "
                             "how often the 'lagged' reference policy is refreshed (here: reference_policy 'initial'); "
                             "remove reference_update_interval"), message
+    # a searched reference policy none of whose values is 'lagged'
+    message = _error(tmp_path, _spec(settings={"reference_update_interval": 5},
+                                     search_space={"reference_policy": {"grid": ["initial", "behavior"]}}))
+    assert message.endswith("bad.yaml: settings.reference_update_interval: HAEPO trials would ignore it: it is how "
+                            "often the 'lagged' reference policy is refreshed (here: reference_policy 'initial' or "
+                            "'behavior'); remove reference_update_interval"), message
     message = _error(tmp_path, _spec(algorithm="GRPO", settings={"num_epochs": 1, "clip_param": 0.1},
                                      scheduler={"type": "pbt", "mutations": {"beta_kl": {"uniform": [0.0, 0.1]}}},
                                      search_space={"reference_policy": {"grid": ["behavior"]}}))
-    assert "settings.clip_param: GRPO trials would ignore it: GRPO's ratio" in message
-    assert "beta_kl" not in message  # reference_policy is searched: not judged
+    assert [line.removeprefix(f"{tmp_path}/") for line in message.splitlines()] == [
+        "bad.yaml: settings.clip_param: GRPO trials would ignore it: GRPO's ratio to the policy that sampled the batch "
+        "is 1 at a batch's first gradient step, and with num_epochs 1 there is no other (here: num_epochs 1); remove "
+        "clip_param",
+        "bad.yaml: scheduler.mutations.beta_kl: GRPO trials would ignore it: the 'behavior' reference is the policy "
+        "that sampled the batch, and with one gradient step per batch (num_epochs 1) that is the policy itself: the KL "
+        "penalty has zero gradient (here: reference_policy 'behavior', num_epochs 1); remove beta_kl"], message
     message = _error(tmp_path, _spec(algorithm="DPO",
                                      search_space={"reward_normalization": {"grid": ["zscore", "sum"]}}))
     assert "search_space.reward_normalization: DPO trials would ignore it: DPO's loss reads only" in message
-    parse_plan(_spec(settings={"reference_update_interval": 5},  # the 'lagged' trial reads it
+    behavior = {"reference_policy": "behavior", "beta_kl": 0.1}
+    message = _error(tmp_path, _spec(settings=behavior, search={"algorithm": "random"},
+                                     search_space={"num_epochs": {"randint": [1, 2]}}))  # num_epochs 1 only
+    assert "settings.beta_kl: HAEPO trials would ignore it" in message and "num_epochs 1)" in message
+    # some trials read it
+    parse_plan(_spec(settings={"reference_update_interval": 5},
                      search_space={"reference_policy": {"grid": ["initial", "lagged"]}}), "ok.yaml")
+    parse_plan(_spec(settings={"reference_update_interval": 5, "reference_policy": "initial"},
+                     scheduler={"type": "pbt", "mutations": {"reference_policy": {"choice": ["initial", "lagged"]}}}),
+               "pbt.yaml")
+    parse_plan(_spec(settings=behavior, search={"algorithm": "random"},
+                     search_space={"num_epochs": {"randint": [1, 3]}}), "ok.yaml")
     parse_plan(_spec(algorithm="GRPO", settings={"clip_param": 0.1}), "grpo.yaml")  # num_epochs 2, GRPO's default
+    # what decides it takes many values: left to the trials
+    parse_plan(_spec(settings=behavior, search={"algorithm": "random"},
+                     search_space={"num_epochs": {"randint": [1, 1 + FEW_VALUES + 1]}}), "many.yaml")
+
+
+def test_the_values_a_search_gives_trials_are_enumerated_when_few():
+    """Dim.finite_values and SweepSpec.value_combinations, which the unread checks judge with."""
+    assert Dim(kind="grid", values=["a", "b"]).finite_values() == ["a", "b"]
+    assert Dim(kind="choice", values=[1]).finite_values() == [1]
+    assert Dim(kind="randint", values=[1, 4]).finite_values() == [1, 2, 3]  # Tune's high is excluded
+    assert Dim(kind="randint", values=[0, FEW_VALUES]).finite_values() == list(range(FEW_VALUES))
+    assert Dim(kind="randint", values=[0, FEW_VALUES + 1]).finite_values() is None
+    assert Dim(kind="uniform", values=[0, 1]).finite_values() is None
+    spec = SweepSpec(search_space={"a": {"grid": [1, 2]}, "b": {"choice": ["x", "y"]}, "c": {"uniform": [0, 1]}},
+                     search={"algorithm": "random"})
+    assert spec.value_combinations({}) == [{}]
+    assert spec.value_combinations({"a": 0, "d": "fixed"}) == [{"a": 1, "d": "fixed"}, {"a": 2, "d": "fixed"}]
+    assert spec.value_combinations({"a": 0, "b": None}) == [
+        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+    assert spec.value_combinations({"a": 0, "c": 0.5}) is None
+    wide = SweepSpec(search_space={"a": {"randint": [0, FEW_VALUES]}, "b": {"randint": [0, FEW_VALUES]}},
+                     search={"algorithm": "random"})
+    assert wide.value_combinations({"a": 0}) is not None and wide.value_combinations({"a": 0, "b": 0}) is None
+    pbt = SweepSpec(search_space={"a": {"choice": [1]}}, search={"algorithm": "random"},
+                    scheduler={"type": "pbt", "mutations": {"a": {"choice": [1, 3]}, "b": {"choice": ["y"]},
+                                                            "c": {"uniform": [0, 1]}}})
+    assert pbt.value_combinations({"a": 0, "b": "x"}) == [  # a trial starts at its value and may mutate to another
+        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 3, "b": "x"}, {"a": 3, "b": "y"}]
+    assert pbt.value_combinations({"c": 0.5}) is None
 
 
 def test_every_bad_trial_is_named_and_a_sweep_refuses_them_before_ray_starts(tmp_path, monkeypatch):

@@ -72,7 +72,7 @@ def settings_from_args(args: argparse.Namespace, names: Sequence[str], **values:
         settings = LLMTrainSettings(**{name: getattr(args, name) for name in names}, **values)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    ignored = unread(settings, sorted(getattr(args, _GIVEN, ())))
+    ignored = unread([settings], sorted(getattr(args, _GIVEN, ())))
     if ignored:
         raise UsageError("\n".join(f"--{name.replace('_', '-')}: this run would not read it: {why}; "
                                    "leave it out" for name, why in ignored.items()))

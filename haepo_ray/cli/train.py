@@ -103,7 +103,7 @@ def _read_overrides(config, overrides: Mapping[str, Any]):
     """``config``, unless it would not read a setting ``--set`` gives (:func:`unread`): a usage error."""
     from haepo_ray.rl.unread import unread
 
-    ignored = unread(config, overrides)
+    ignored = unread([config], overrides)
     if ignored:
         raise UsageError("\n".join(f"--set {name}: this run would not read it: {why}; leave it out"
                                    for name, why in ignored.items()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -249,10 +249,11 @@ class LLMTrainSettings:
         return ObjectiveSettings(**{n: getattr(self, n) for n in names})
 
 
-def unread(settings: LLMTrainSettings, names: Iterable[str]) -> dict[str, str]:
-    """Of ``names`` (the settings a run was given), those ``settings``' run does not read
-    (:data:`READ_WHEN`), each with why; empty when it reads them all."""
-    return {name: READ_WHEN[name][2] for name in names if name in READ_WHEN and not READ_WHEN[name][1](settings)}
+def unread(runs: Sequence[LLMTrainSettings], names: Iterable[str]) -> dict[str, str]:
+    """Of ``names`` (the settings given to ``runs``: one run, or each of a sweep's trials), those
+    that no run reads (:data:`READ_WHEN`), each with why; empty when some run reads each."""
+    return {name: READ_WHEN[name][2] for name in names
+            if name in READ_WHEN and not any(READ_WHEN[name][1](run) for run in runs)}
 
 
 HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_ray.cli.llm_options)

@@ -10,7 +10,7 @@ tests/test_rl_unread.py trains each claim both ways and compares the weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = ["READ_WHEN", "unread"]
@@ -42,16 +42,17 @@ READ_WHEN: dict[str, tuple[tuple[str, ...], Callable[[Any], bool], str]] = {
 }
 
 
-def unread(config: Any, names: Iterable[str]) -> dict[str, str]:
-    """Of ``names`` (settings given to a run of ``config``, an ``AlgorithmConfig``), those the
-    run does not read (:data:`READ_WHEN`), each with why and the values that decide it; empty
-    when it reads them all."""
-    return {name: _why(config, name) for name in names
-            if name in READ_WHEN and hasattr(config, name) and not READ_WHEN[name][1](config)}
+def unread(runs: Sequence[Any], names: Iterable[str]) -> dict[str, str]:
+    """Of ``names`` (settings given to ``runs``, the ``AlgorithmConfig`` of one run or of each of a
+    sweep's trials), those that no run reads (:data:`READ_WHEN`), each with why and the values that
+    decide it; empty when some run reads each."""
+    return {name: _why(runs, name) for name in names
+            if name in READ_WHEN and all(hasattr(c, name) and not READ_WHEN[name][1](c) for c in runs)}
 
 
-def _why(config: Any, name: str) -> str:
+def _why(runs: Sequence[Any], name: str) -> str:
     deciders, _, reason = READ_WHEN[name]
     if not deciders:
         return reason
-    return f"{reason} (here: {', '.join(f'{d} {getattr(config, d)!r}' for d in deciders)})"
+    values = {d: " or ".join(dict.fromkeys(repr(getattr(c, d)) for c in runs)) for d in deciders}
+    return f"{reason} (here: {', '.join(f'{d} {v}' for d, v in values.items())})"

@@ -76,6 +76,7 @@ and setting names).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -95,6 +96,9 @@ from haepo_ray.tracking.schema import flatten
 
 DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
 SEARCH_ALGORITHMS = ("grid", "random", "optuna")
+# The most values a search axis may take for checks that try each (Dim.finite_values), and the most
+# combinations of them (SweepSpec.value_combinations); past these a check does not judge.
+FEW_VALUES, FEW_COMBINATIONS = 64, 256
 
 # Friendly stop keys -> Tune's result keys.
 STOP_KEYS = {
@@ -204,6 +208,14 @@ class Dim(SpecModel):
 
     def describe(self) -> str:
         return f"{self.kind} {self.values}"
+
+    def finite_values(self) -> list[Any] | None:
+        """The values this axis gives trials when they are few: a ``grid``'s or a ``choice``'s, a
+        ``randint``'s integers up to :data:`FEW_VALUES`; None for a continuous or a wider axis."""
+        if self.kind in ("grid", "choice"):
+            return list(self.values)
+        low, high = self.values
+        return list(range(low, high)) if self.kind == "randint" and high - low <= FEW_VALUES else None
 
 
 def _is_number(x: Any) -> bool:
@@ -340,6 +352,26 @@ class SweepSpec(SpecModel):
             if isinstance(self.scheduler, PBTScheduler):
                 raise ValueError("scheduler pbt needs search.algorithm grid or random, not optuna")
         return self
+
+    def value_combinations(self, fixed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """Each combination of the values the trials can give the settings in ``fixed`` (spec
+        name -> a trial's value when the spec does not search it): a searched one takes its
+        axis's values (:meth:`Dim.finite_values`), and one PBT mutates also its mutation's
+        ``choice``. None when one takes more than a few values, or a continuous mutation."""
+        mutations = self.scheduler.mutations if isinstance(self.scheduler, PBTScheduler) else {}
+        options = []
+        for name, value in fixed.items():
+            values = self.search_space[name].finite_values() if name in self.search_space else [value]
+            if name in mutations:
+                mutation = mutations[name]
+                more = mutation.values if mutation.kind == "choice" else None
+                values = None if values is None or more is None else values + [v for v in more if v not in values]
+            if values is None:
+                return None
+            options.append(values)
+        if math.prod(map(len, options)) > FEW_COMBINATIONS:
+            return None
+        return [dict(zip(fixed, combination)) for combination in itertools.product(*options)]
 
     @property
     def experiment(self) -> str:

@@ -64,31 +64,41 @@ def method_errors(spec: LLMSweepSpec, allowed: list[str]) -> list[str]:
     return errors
 
 
-def unread_errors(spec: LLMSweepSpec, settings_of: Callable[[Any], Any]) -> list[str]:
+def unread_errors(spec: LLMSweepSpec, settings_of: Callable[[Any, dict[str, Any]], Any]) -> list[str]:
     """A setting the spec gives trials that would not read it
     (:func:`~haepo_ray.llm.settings.unread`; MLflow would log a value they ignore), per algorithm
-    or method of the trials (``settings_of`` one, its trials' settings before the search values),
-    unless the search space varies what decides it."""
+    or method of the trials. ``settings_of(value, values)`` is the settings of a trial of that
+    algorithm or method with these search values (spec name -> value); each setting is judged with
+    every combination of the values the trials give what else decides it
+    (:meth:`~haepo_ray.sweep.spec.SweepSpec.value_combinations`; not judged when those are many)."""
     from haepo_ray.llm.settings import READ_WHEN, unread
 
     searched = spec.algorithm is None
-    varied = {RENAMES.get(name, name) for name in spec.search_space} - {"algo"}
+    spec_name = {field: name for name, field in RENAMES.items()}
     errors: dict[str, None] = {}  # in order, once
     for value in spec.search_space["algorithm"].values if searched else [spec.algorithm]:
         method = method_of(value)
         algo = method["algo"]
         try:
-            settings = settings_of(value)
+            settings = settings_of(value, {})
         except SpecError:
             continue  # a method whose settings are wrong: the planned trials' check names it
         own = f"search_space.algorithm.{algo}"
         for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space), (own, method)):
             given = {RENAMES.get(name, name): name for name in mapping if name not in ("algo", "algorithm")}
-            decided = [field for field in given if field in READ_WHEN and not varied & set(READ_WHEN[field][0])]
-            for field, why in unread(settings, decided).items():
-                # the sweep's other algorithms may read it
-                hint = searched and section != own and "algo" in READ_WHEN[field][0]
-                errors[f"{spec.source or '<spec>'}: {section}.{given[field]}: {algo} trials would ignore it: "
-                       f"{why}; remove {given[field]}" + (f", or sweep {algo} in a spec of its own" if hint else "")
-                       ] = None
+            for field in [field for field in given if field in READ_WHEN]:
+                deciders = [d for d in READ_WHEN[field][0] if d != "algo"]  # algo: one value at a time, above
+                combinations = spec.value_combinations({spec_name.get(d, d): getattr(settings, d) for d in deciders})
+                if combinations is None:
+                    continue  # what else decides it takes many values
+                try:
+                    runs = [settings_of(value, values) for values in combinations]
+                except SpecError:
+                    continue  # a trial whose settings are wrong: the planned trials' check names it
+                for why in unread(runs, [field]).values():
+                    # the sweep's other algorithms may read it
+                    hint = searched and section != own and "algo" in READ_WHEN[field][0]
+                    errors[f"{spec.source or '<spec>'}: {section}.{given[field]}: {algo} trials would ignore it: "
+                           f"{why}; remove {given[field]}" + (f", or sweep {algo} in a spec of its own" if hint else "")
+                           ] = None
     return list(errors)

@@ -112,8 +112,8 @@ class LLMPlan(Plan):
         if methods(spec) is not None:
             keys["algorithm"] = METHOD
         plan = cls(spec, base, keys).checked()
-        errors = unread_errors(spec, lambda value: plan.trial_config({"algorithm": value} if spec.algorithm is None
-                                                                      else {}, validate=False))
+        errors = unread_errors(spec, lambda value, values: plan.trial_config(
+            {**values, "algorithm": value} if spec.algorithm is None else values, validate=False))
         if errors:
             raise SpecError("\n".join(errors))
         return plan

@@ -211,18 +211,22 @@ def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
 
 
 def _check_read(spec: RLSweepSpec, config, source: str) -> None:
-    """A setting the spec gives that its trials would not read (:func:`~haepo_ray.rl.unread.unread`:
-    they would log a value that changed nothing, and a search over it would repeat one trial), judged
-    on ``config`` (the trials' config before search values) unless the search space or PBT's
-    mutations vary what decides it."""
+    """A setting the spec gives that no trial would read (:func:`~haepo_ray.rl.unread.unread`: each
+    would log a value that changed nothing, and a search over it would repeat one trial), judged on
+    ``config`` (the trials' config before search values) with each combination of the values the
+    trials give what decides it (:meth:`~haepo_ray.sweep.spec.SweepSpec.value_combinations`; not
+    judged when those are many)."""
     from haepo_ray.rl.unread import READ_WHEN, unread
 
-    varied = set(spec.search_space) | set(_mutations(spec))
     errors = []
     for section, given in _given(spec):
-        decided = [name for name in given if name in READ_WHEN and not varied & set(READ_WHEN[name][0])]
-        errors += [f"{source}: {section}.{name}: {spec.algorithm} trials would ignore it: {why}; remove {name}"
-                   for name, why in unread(config, decided).items()]
+        for name in [name for name in given if name in READ_WHEN and hasattr(config, name)]:
+            combinations = spec.value_combinations({d: getattr(config, d) for d in READ_WHEN[name][0]})
+            if combinations is None:
+                continue  # what decides it takes many values
+            runs = [configs.apply_settings(config.copy(copy_frozen=False), values) for values in combinations]
+            errors += [f"{source}: {section}.{name}: {spec.algorithm} trials would ignore it: {why}; remove {name}"
+                       for why in unread(runs, [name]).values()]
     if errors:
         raise SpecError("\n".join(errors))
 
