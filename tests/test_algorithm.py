@@ -164,23 +164,32 @@ def test_batches_hold_exactly_m_complete_episodes(ray_session, num_env_runners, 
 
 
 class CoinLengthEnv:
-    """Episodes of length 1 or 30 with equal probability, whatever the actions."""
+    """Episodes of length 1 or 30 with equal probability, whatever the actions; observations a
+    Box or (``discrete_observations``) a Discrete, actions a Discrete or (``multi_discrete_actions``)
+    a MultiDiscrete."""
 
     def __new__(cls, env_config=None):
         import gymnasium as gym
 
+        env_config = env_config or {}
+        discrete = env_config.get("discrete_observations", False)
+
         class _Env(gym.Env):
-            observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
-            action_space = gym.spaces.Discrete(2)
+            observation_space = gym.spaces.Discrete(3) if discrete else gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+            action_space = (gym.spaces.MultiDiscrete([2, 2]) if env_config.get("multi_discrete_actions")
+                            else gym.spaces.Discrete(2))
+
+            def obs(self):
+                return 0 if discrete else np.zeros(1, np.float32)
 
             def reset(self, *, seed=None, options=None):
                 super().reset(seed=seed)
                 self.length, self.t = (1 if self.np_random.random() < 0.5 else 30), 0
-                return np.zeros(1, np.float32), {}
+                return self.obs(), {}
 
             def step(self, action):
                 self.t += 1
-                return np.zeros(1, np.float32), 1.0, self.t >= self.length, False, {}
+                return self.obs(), 1.0, self.t >= self.length, False, {}
 
         return _Env()
 
@@ -195,24 +204,29 @@ class PerStepCallback(EpisodeInfoMetrics):
 SAMPLING_PATHS = {"lean": EpisodeInfoMetrics, "rllib-loop": PerStepCallback}
 
 
-@pytest.mark.parametrize("path", SAMPLING_PATHS)
-def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session, path):
+@pytest.mark.parametrize(("path", "env_config", "blocker"), [
+    ("lean", {}, None),
+    ("rllib-loop", {}, "callbacks with per-step hooks"),
+    ("lean", {"discrete_observations": True}, None),  # one-hot, as RLlib's FlattenObservations makes them
+])
+def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session, path, env_config, blocker):
     """RLlib's sample(num_episodes=n) over 4 envs returns the first n episodes to finish:
     mostly length-1 ones. HAEPO's runner takes the first n episodes to start (lean path) or
-    one episode per env per round (RLlib's loop)."""
+    one episode per env per round (RLlib's loop), whether the config, the env or the module
+    blocks the lean path."""
     from ray.tune.registry import register_env
 
     register_env("test/CoinLength-v0", CoinLengthEnv)
     config = (
-        HAEPOConfig().environment("test/CoinLength-v0")
+        HAEPOConfig().environment("test/CoinLength-v0", env_config=env_config)
         .env_runners(num_env_runners=0, num_envs_per_env_runner=4)
-        .training(episodes_per_batch=6).debugging(seed=0)
+        .training(episodes_per_batch=6).debugging(seed=0, log_sys_usage=False)
         .callbacks(SAMPLING_PATHS[path])
     )
     algo = config.build_algo()
     try:
         runner = algo.env_runner_group.local_env_runner
-        assert (runner.lean_path_blocker() is None) == (path == "lean")
+        assert runner.lean_path_blocker() == blocker
         lengths = []
         for _ in range(40):
             episodes, metrics = algo.sample_episodes(6)
@@ -226,24 +240,30 @@ def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session, p
     assert abs(np.mean(lengths) - 15.5) < 4 * standard_error
 
 
-def test_lean_sampling_reproduces_rllibs_loop_exactly(ray_session):
+# FrozenLake (slippery): Discrete(16) observations and random moves; Blackjack: a Tuple of Discretes
+@pytest.mark.parametrize("env", ["CartPole-v1", "FrozenLake-v1", "Blackjack-v1"])
+def test_lean_sampling_reproduces_rllibs_loop_exactly(ray_session, env):
     """One env, one episode per call: the lean path draws the same episodes, action for
-    action, as RLlib's own loop (same seeds, same random streams, same log-probabilities)."""
+    action, as RLlib's own loop (same seeds, same random streams, same log-probabilities), its
+    observations flattened as RLlib's FlattenObservations does where they are not a Box."""
     sampled = {}
     for path, callbacks in SAMPLING_PATHS.items():
         config = (
-            HAEPOConfig().environment("CartPole-v1")
-            .env_runners(num_env_runners=0).debugging(seed=7).callbacks(callbacks)
+            HAEPOConfig().environment(env)
+            .env_runners(num_env_runners=0).debugging(seed=7, log_sys_usage=False).callbacks(callbacks)
         )
         algo = config.build_algo()
         try:
             runner = algo.env_runner_group.local_env_runner
+            assert (runner.lean_path_blocker() is None) == (path == "lean")
             sampled[path] = [runner.sample(num_episodes=1)[0] for _ in range(4)]
         finally:
             algo.stop()
     for lean, loop in zip(sampled["lean"], sampled["rllib-loop"]):
         lean.validate()
         assert len(lean) == len(loop) and lean.is_terminated == loop.is_terminated
+        assert lean.observation_space == loop.observation_space
+        assert lean.get_observations().dtype == loop.get_observations().dtype
         np.testing.assert_array_equal(lean.get_observations(), loop.get_observations())
         np.testing.assert_array_equal(lean.get_actions(), loop.get_actions())
         np.testing.assert_array_equal(lean.get_rewards(), loop.get_rewards())

@@ -96,7 +96,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
     def lean_path_blocker(self) -> str | None:
         """Why this runner must sample through RLlib's loop, or None if the lean path fits."""
         return (lean.config_blocker(self.config, rllib_internals.callback_objects(self))
-                or lean.env_blocker(self.env.unwrapped, self.module))
+                or lean.env_blocker(self.env.unwrapped, self.module, self.config))
 
     def _sample_lean(self, num_episodes: int, explore: bool) -> list[SingleAgentEpisode]:
         policy = lean.BatchedPolicy(
@@ -104,16 +104,19 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
             action_space=self.env.single_action_space,
             normalize_actions=self.config.normalize_actions, clip_actions=self.config.clip_actions,
         )
+        flatten = lean.flattener(self.env.single_observation_space)
         with policy.sampling():
             trajectories = lean.run_episodes(
                 self.env.unwrapped, policy, num_episodes,
-                seed=rllib_internals.seeds(self), t0=self.num_env_steps_sampled_lifetime,
+                seed=rllib_internals.seeds(self), t0=self.num_env_steps_sampled_lifetime, flatten=flatten,
             )
-        episodes = [self._to_episode(trajectory) for trajectory in trajectories]
+        # the module's: the space of FlattenObservations' output, which RLlib's loop gives its episodes
+        space = self.env.single_observation_space if flatten is None else self.module.observation_space
+        episodes = [self._to_episode(trajectory, space) for trajectory in trajectories]
         rllib_internals.record_sampled(self, episodes, sum(len(e) for e in episodes))
         return episodes
 
-    def _to_episode(self, trajectory: lean.Trajectory) -> SingleAgentEpisode:
+    def _to_episode(self, trajectory: lean.Trajectory, observation_space: gym.Space) -> SingleAgentEpisode:
         """The trajectory as RLlib's loop would have built it, after ``on_episode_end``:
         numpy data, or per-step lists where the config keeps episodes as lists."""
         column = (lambda a: a) if self.episodes_to_numpy else list
@@ -126,7 +129,7 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
                 Columns.ACTION_DIST_INPUTS: column(trajectory.dist_inputs),
                 WEIGHTS_SEQ_NO: column(np.full(len(trajectory.actions), rllib_internals.weights_seq_no(self))),
             },
-            observation_space=self.env.single_observation_space,
+            observation_space=observation_space,
             action_space=self.env.single_action_space,
             len_lookback_buffer=0,
             t_started=0,

@@ -7,8 +7,9 @@ GRPO in their configs; other algorithms in :func:`haepo_ray.rl.configs.apply_def
 a single-agent env's observations are not a Box (Discrete, MultiDiscrete, MultiBinary, Tuple,
 Dict: FrozenLake, Taxi, Blackjack), it adds RLlib's ``FlattenObservations``, so the model gets
 one flat Box with the discrete parts one-hot. Box observations reach the model as the env
-gives them, and HAEPO's lean sampling path stays open to them. A config's own
-``env_to_module_connector`` replaces this one.
+gives them. HAEPO's lean sampling path flattens the others itself, as this connector would
+(:func:`haepo_ray.rl.sampling.lean.flattener`). A config's own ``env_to_module_connector``
+replaces this one.
 """
 
 from __future__ import annotations

@@ -116,6 +116,17 @@ def single_env_spaces(spaces: dict | None) -> tuple | None:
     return (spaces or {}).get(INPUT_ENV_SINGLE_SPACES)
 
 
+def observation_flattener(space) -> Callable[[Any], Any]:
+    """What RLlib's ``FlattenObservations`` does to each observation of ``space``, for a vector
+    env's batch (one row per sub-env): ``ray.rllib.utils.numpy.flatten_inputs_to_1d_tensor``,
+    the function that connector calls, which RLlib's API reference lists for torch and tf only."""
+    from ray.rllib.utils.numpy import flatten_inputs_to_1d_tensor
+    from ray.rllib.utils.spaces.space_utils import get_base_struct_from_space
+
+    struct = get_base_struct_from_space(space)
+    return lambda batch: flatten_inputs_to_1d_tensor(batch, struct, batch_axis=True)
+
+
 def connector_spaces(observation_space, action_space) -> dict:
     """The ``spaces`` of ``AlgorithmConfig.build_env_to_module_connector`` for an env of these
     spaces (RLlib's own env runners pass the same two keys of ``ray.rllib.env``)."""
@@ -283,6 +294,8 @@ INTERNALS = (
     Internal("ray._common.deprecation", "logger", "filtered: RLlib's own RLModule(config=...) warning"),
     Internal("ray.rllib.env", "INPUT_ENV_SINGLE_SPACES", "read: one env's spaces in a connector factory's spaces"),
     Internal("ray.rllib.env", "INPUT_ENV_SPACES", "read: the vector env's spaces there"),
+    Internal("ray.rllib.utils.numpy", "flatten_inputs_to_1d_tensor", "called: FlattenObservations' flattening",
+             ("inputs", "spaces_struct", "time_axis", "batch_axis")),
     Internal(_CONFIG, "_value_error", "called: a validation error", ("self", "errmsg")),
     Internal(_CONFIG, "_model_config", "read: the model config so far", kind="instance"),
     Internal("ray.rllib.env.single_agent_episode:SingleAgentEpisode", "_start_time", "written: the episode's start",

@@ -2,11 +2,14 @@
 
 RLlib's sampling loop runs its env-to-module and module-to-env connector pipelines, and
 times each piece, at every env step; on CartPole that is most of the sampling time. For
-the common case (one agent, a stateless RLModule, RLlib's default connectors, to which
-:func:`~haepo_ray.rl.observations.flatten_non_box` adds none for a Box observation space, a Box
-observation space, a Box or Discrete action space, callbacks without per-step hooks, a
-vector env with gymnasium's NEXT_STEP autoreset) HAEPO's runner samples here instead:
+the common case (one agent, a stateless RLModule, RLlib's default connectors and
+:func:`~haepo_ray.rl.observations.flatten_non_box`, a Box or Discrete action space, callbacks
+without per-step hooks, a vector env with gymnasium's NEXT_STEP autoreset) HAEPO's runner
+samples here instead:
 
+- :func:`flattener`: observations that are not a Box flattened as ``flatten_non_box``'s
+  ``FlattenObservations`` flattens them in RLlib's loop (the same function, a batch at once),
+  for the module and for the episodes;
 - :class:`BatchedPolicy`: one forward pass over all sub-envs per step, observations
   converted as RLlib's ``NumpyToTensor`` does (float64 to float32, other dtypes such as
   uint8 images kept, on the module's device, CPU or GPU), actions drawn and scored as
@@ -28,6 +31,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -57,17 +61,25 @@ def config_blocker(config, callbacks: list) -> str | None:
     return None
 
 
-def env_blocker(vector_env: gym.vector.VectorEnv, module) -> str | None:
+def env_blocker(vector_env: gym.vector.VectorEnv, module, config) -> str | None:
     """Why this env or module rules the lean path out, or None."""
     if module is None or module.is_stateful():
         return "no module, or a stateful one"
-    if not isinstance(vector_env.single_observation_space, gym.spaces.Box):
-        return "observation space is not a Box"
+    if (not isinstance(vector_env.single_observation_space, gym.spaces.Box)
+            and rllib_internals.connector_factories(config)[0] is not flatten_non_box):
+        return "observation space is not a Box, and no connector flattens it"
     if not isinstance(vector_env.single_action_space, (gym.spaces.Box, gym.spaces.Discrete)):
         return "action space is neither Box nor Discrete"
     if vector_env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.NEXT_STEP:
         return "vector env without NEXT_STEP autoreset"
     return None
+
+
+def flattener(space: gym.Space) -> Callable[[Any], np.ndarray] | None:
+    """For observations that are not a Box (:func:`~haepo_ray.rl.observations.flatten_non_box`
+    flattens them for the model): a vector env's batch of them as RLlib's ``FlattenObservations``
+    makes each (discrete parts one-hot, float32), one row per sub-env; None for a Box."""
+    return None if isinstance(space, gym.spaces.Box) else rllib_internals.observation_flattener(space)
 
 
 def to_tensor(obs: np.ndarray, device) -> torch.Tensor:
@@ -224,13 +236,17 @@ def run_episodes(
     *,
     seed: list[int] | int | None = None,
     t0: int = 0,
+    flatten: Callable[[Any], np.ndarray] | None = None,
 ) -> list[Trajectory]:
     """The first ``num_episodes`` episodes to start on ``vector_env`` (reset first, with
     ``seed``), complete, in the order they started. ``vector_env`` autoresets NEXT_STEP:
     the step after a sub-env's episode ends returns the next episode's first observation.
-    ``t0``: env steps sampled before this call (the module's exploration timestep)."""
+    ``t0``: env steps sampled before this call (the module's exploration timestep);
+    ``flatten``: observations as the policy and the episodes take them (:func:`flattener`)."""
     n = vector_env.num_envs
     obs, reset_info = vector_env.reset(seed=seed)
+    if flatten is not None:
+        obs = flatten(obs)
     log = StepLog(obs, reset_info)
     # episode k runs on sub-env env_of[k], from observations[first[k]] through step
     # last[k]; recording[i] is the episode sub-env i records, or -1.
@@ -257,6 +273,8 @@ def run_episodes(
         if out is None or acting.any():
             out = policy(obs, t0 + recorded)
         result = vector_env.step(out.env_actions)
+        if flatten is not None:
+            result = (flatten(result[0]), *result[1:])
         log.append(out, result)
         obs, done = result[0], result[2] | result[3]
         recorded += int(acting.sum())
