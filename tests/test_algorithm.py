@@ -208,6 +208,7 @@ SAMPLING_PATHS = {"lean": EpisodeInfoMetrics, "rllib-loop": PerStepCallback}
     ("lean", {}, None),
     ("rllib-loop", {}, "callbacks with per-step hooks"),
     ("lean", {"discrete_observations": True}, None),  # one-hot, as RLlib's FlattenObservations makes them
+    ("lean", {"multi_discrete_actions": True}, "action space is neither Box nor Discrete"),  # the env blocks it
 ])
 def test_vectorised_sampling_is_not_biased_towards_short_episodes(ray_session, path, env_config, blocker):
     """RLlib's sample(num_episodes=n) over 4 envs returns the first n episodes to finish:

@@ -16,8 +16,8 @@ share streams. This runner composes the pieces of :mod:`haepo_ray.rl.sampling`:
   entry point (CartPole, the paper's bandit and random walk) and the config keeps RLlib's
   default ``gym_env_vectorize_mode="sync"``, the runner builds that vectorised env
   instead (its copy of the config says so);
-- otherwise RLlib's own loop, in rounds of one episode per env
-  (:mod:`~haepo_ray.rl.sampling.rounds`).
+- otherwise (the config, the env or the module blocks the lean path) RLlib's own loop, in
+  rounds of one episode per env (:mod:`~haepo_ray.rl.sampling.rounds`).
 
 :class:`IndependentSeedsEnvRunner` is the seeding alone, for algorithms that sample the
 RLlib way (PPO): :func:`haepo_ray.rl.configs.apply_defaults`.
@@ -66,8 +66,19 @@ class HAEPOEnvRunner(IndependentSeedsEnvRunner):
                 and offers_vector_entry_point(self.config.env)):
             self.config.gym_env_vectorize_mode = VECTOR_ENTRY_POINT  # this runner's own copy
         super().make_env()
-        vector_env = self.env.unwrapped
-        if fits or self.num_envs == 1:
+        if getattr(self, "module", None) is not None:  # a new env for a runner's module: else make_module
+            self._rounds_where_the_lean_path_is_blocked()
+
+    def make_module(self) -> None:
+        super().make_module()
+        self._rounds_where_the_lean_path_is_blocked()
+
+    def _rounds_where_the_lean_path_is_blocked(self) -> None:
+        """With several envs, RLlib's loop samples in rounds wherever the lean path is blocked
+        (by the config, the env or the module): else it would favour short episodes."""
+        vector_env = self.env.unwrapped if self.env is not None else None
+        if (vector_env is None or self.num_envs == 1 or rounds.round_wrappers(vector_env)
+                or self.lean_path_blocker() is None):
             return
         if isinstance(vector_env, gym.vector.SyncVectorEnv):
             rounds.install(vector_env)
