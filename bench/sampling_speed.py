@@ -123,8 +123,10 @@ def whole_batch_ceiling(n: int, steps: int) -> Callable[[], int]:
     return run
 
 
-def haepo_runner(n: int, steps: int, lean: bool, algos: list):
-    """One repetition of ``HAEPOEnvRunner.sample(num_episodes=n)`` batches: >= ``steps``."""
+def haepo_runner(n: int, steps: int, lean: bool, algos: list, env: str = "CartPole-v1", m: int | None = None):
+    """One repetition of ``HAEPOEnvRunner.sample(num_episodes=m)`` batches (M = N unless given),
+    N envs of ``env``: >= ``steps``."""
+    m = m or n
     from haepo_ray import HAEPOConfig
     from haepo_ray.rl.callbacks import EpisodeInfoMetrics
 
@@ -133,11 +135,11 @@ def haepo_runner(n: int, steps: int, lean: bool, algos: list):
             pass
 
     config = (
-        HAEPOConfig().environment("CartPole-v1")
+        HAEPOConfig().environment(env)
         .env_runners(num_env_runners=0, num_envs_per_env_runner=n)
         .rl_module(model_config={"fcnet_hiddens": [128]})
         .callbacks(EpisodeInfoMetrics if lean else PerStep)
-        .training(episodes_per_batch=n)
+        .training(episodes_per_batch=m)
         .debugging(seed=0)
     )
     algo = config.build_algo()
@@ -150,7 +152,7 @@ def haepo_runner(n: int, steps: int, lean: bool, algos: list):
     def run() -> int:
         counted = 0
         while counted < steps:
-            counted += sum(len(e) for e in runner.sample(num_episodes=n))
+            counted += sum(len(e) for e in runner.sample(num_episodes=m))
         return counted
 
     return run
