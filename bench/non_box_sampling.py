@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from collections.abc import Callable
 
-from sampling_speed import CLOCKS, haepo_runner
+from sampling_speed import CLOCKS, haepo_runner, interleaved_rates
 
 PATHS = {"lean path": True, "RLlib's loop": False}
 
@@ -44,17 +43,7 @@ def main() -> None:
     setups: dict[tuple[str, int, str], Callable[[], int]] = {
         (env, n, path): haepo_runner(n, args.steps, lean, algos, env, args.m)
         for env in args.envs for n in args.n for path, lean in PATHS.items()}
-    for run in setups.values():  # warm-up
-        run()
-    load_start = os.getloadavg()
-    rates: dict[str, dict[tuple, list[float]]] = {clock: {key: [] for key in setups} for clock in CLOCKS}
-    for _ in range(args.reps):
-        for key, run in setups.items():
-            start = {clock: read() for clock, read in CLOCKS.items()}
-            counted = run()
-            for clock, read in CLOCKS.items():
-                rates[clock][key].append(counted / (read() - start[clock]))
-    load_end = os.getloadavg()
+    rates, load_start, load_end = interleaved_rates(setups, args.reps)
     for algo in algos:
         algo.stop()
     ray.shutdown()

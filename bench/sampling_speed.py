@@ -235,20 +235,7 @@ def main() -> None:
         setups[f"HAEPO runner, {n} envs, M = {n}"] = haepo_runner(n, args.steps, True, algos)
         if args.rllib_loop:
             setups[f"RLlib's loop, {n} envs, M = {n}"] = haepo_runner(n, args.steps // 4, False, algos)
-    for run in setups.values():  # warm-up
-        run()
-    load_start = os.getloadavg()
-    # Per set-up and repetition: env steps per second of the main thread's CPU time (all
-    # the sampling work runs in it; on a shared machine it does not count the time other
-    # processes hold the CPU) and per second of wall-clock time.
-    rates: dict[str, dict[str, list[float]]] = {clock: {name: [] for name in setups} for clock in CLOCKS}
-    for _ in range(args.reps):
-        for name, run in setups.items():
-            start = {clock: read() for clock, read in CLOCKS.items()}
-            counted = run()
-            for clock, read in CLOCKS.items():
-                rates[clock][name].append(counted / (read() - start[clock]))
-    load_end = os.getloadavg()
+    rates, load_start, load_end = interleaved_rates(setups, args.reps)
     for algo in algos:
         algo.stop()
     ray.shutdown()
@@ -261,6 +248,25 @@ def main() -> None:
 
 
 CLOCKS = {"thread CPU time": time.thread_time, "wall-clock time": time.perf_counter}
+
+
+def interleaved_rates(setups: dict, reps: int) -> tuple[dict[str, dict], tuple, tuple]:
+    """Each set-up (name -> a run returning the env steps it counted) warmed up once, then run
+    ``reps`` times interleaved (A B C ... A B C ...): per clock of :data:`CLOCKS`, each set-up's
+    env steps per second, one per repetition; with the load averages at the start and the end.
+    The main thread's CPU time holds all the sampling work and, on a shared machine, does not
+    count the time other processes hold the CPU."""
+    for run in setups.values():  # warm-up
+        run()
+    load_start = os.getloadavg()
+    rates: dict[str, dict] = {clock: {name: [] for name in setups} for clock in CLOCKS}
+    for _ in range(reps):
+        for name, run in setups.items():
+            start = {clock: read() for clock, read in CLOCKS.items()}
+            counted = run()
+            for clock, read in CLOCKS.items():
+                rates[clock][name].append(counted / (read() - start[clock]))
+    return rates, load_start, os.getloadavg()
 
 
 def report(rates: dict[str, list[float]], clock: str) -> dict:
