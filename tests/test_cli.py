@@ -275,6 +275,36 @@ def test_main_reports_a_terminated_command_with_143(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "haepo version: terminated"
 
 
+def test_after_an_interrupt_resume_is_advised_only_where_this_sweep_has_a_saved_state(ray_session, tmp_path):
+    """``haepo sweep`` interrupted before Ray Tune took the signal over: ``--resume`` only where
+    Tune saved this sweep's experiment state, never for an earlier sweep's (which ``--resume``
+    would continue in this one's place), nor for a run with only the Tuner's own file (which
+    ``--resume`` cannot restore)."""
+    from ray import tune
+
+    from haepo_ray.cli.sweep import after_interrupt
+
+    root = str(tmp_path / "exp")
+
+    def run(name: str, *, fit: bool = True) -> str:  # a real run folder: the Tuner's, after a fit Tune's state
+        tuner = tune.Tuner(lambda config: None, run_config=tune.RunConfig(name=name, storage_path=root))
+        if fit:
+            tuner.fit()
+        return f"{root}/{name}"
+
+    again = "interrupted before Ray Tune saved the sweep's state: run the same command again"
+    assert after_interrupt(root, None, resume=False) == again
+    earlier = run("20261206-100000-aaaaaa")
+    assert after_interrupt(root, earlier, False) == f"{again} (--resume would continue an earlier sweep, {earlier})"
+    run("20261206-110000-bbbbbb", fit=False)  # this sweep's Tuner, interrupted before its fit saved a state
+    assert after_interrupt(root, earlier, resume=False) == again
+    this = run("20261206-120000-cccccc")
+    for before, resume in ((earlier, False), (None, False), (None, True)):
+        assert after_interrupt(root, before, resume) == (
+            "interrupted before Ray Tune saved the sweep's last state: the same command with --resume continues it "
+            f"from the state Tune saved in {this}")
+
+
 def test_train_no_tracking_writes_nothing_to_mlflow(ray_session, tmp_path, monkeypatch, capsys):
     """In this process, on the session's Ray (the command's ray.init and ray.shutdown left out:
     the test above runs the command as a process of its own)."""

@@ -69,6 +69,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except (SpecError, UpstreamVersionError, PatchSettingError) as err:
             raise UsageError(str(err)) from None
         return 0
+    from haepo_ray.sweep.paths import experiment_root, latest_run_dir
+
+    root = experiment_root(plan.spec, args.experiment, args.storage_path)
+    before = None if args.resume else latest_run_dir(root)  # an earlier sweep, which --resume would continue
     try:
         result = run_sweep(
             plan,
@@ -84,9 +88,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except (SweepError, SpecError, UpstreamVersionError, PatchSettingError) as err:
         raise UsageError(str(err)) from None
     except KeyboardInterrupt as err:  # before Tune took Ctrl-C (SIGTERM) over, or a second one: no last save
-        print("\nhaepo sweep: interrupted before Ray Tune saved the sweep's state: the same command with "
-              "--resume continues it from the last state Tune saved, if it saved one", file=sys.stderr)
+        print(f"\nhaepo sweep: {after_interrupt(root, before, args.resume)}", file=sys.stderr)
         return TERMINATED if isinstance(err, Terminated) else INTERRUPTED
     if result.interrupted_by is not None:
         return exit_status(signal.Signals[result.interrupted_by])
     return 1 if any(t.status == "ERROR" for t in result.trials) else 0
+
+
+def after_interrupt(root: str, before: str | None, resume: bool) -> str:
+    """What to run after an interrupt that Ray Tune did not take over (before its fit, or a
+    second one): ``--resume`` where this sweep's run under ``root`` holds an experiment state Tune
+    saved, else the command again. ``before``: the run ``--resume`` took before this command
+    started; an earlier sweep's, which ``--resume`` must not be advised to continue in this
+    one's place."""
+    from haepo_ray.sweep.paths import latest_run_dir
+    from haepo_ray.upstream.tune_restore import newest_state
+
+    latest = latest_run_dir(root)  # the run --resume takes now
+    if latest is not None and (resume or latest != before) and newest_state(latest) is not None:
+        return ("interrupted before Ray Tune saved the sweep's last state: the same command with --resume "
+                f"continues it from the state Tune saved in {latest}")
+    earlier = latest is not None and latest == before
+    return ("interrupted before Ray Tune saved the sweep's state: run the same command again"
+            + (f" (--resume would continue an earlier sweep, {latest})" if earlier else ""))
