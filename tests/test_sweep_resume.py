@@ -120,6 +120,25 @@ def test_a_resume_with_a_changed_spec_is_refused_naming_the_changes(ray_session,
     assert [(t.status, t.iterations) for t in result.trials] == [("TERMINATED", 1)]
 
 
+def test_a_run_stopped_before_tunes_first_save_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    """A sweep stopped after its Tuner was made (tuner.pkl, which ``--resume`` looks for) and before
+    Tune saved an experiment state: Tune's restore would fail after Ray's start; refused before it."""
+    from ray import tune
+
+    plan = parse_plan(tiny("early", 1), "early.yaml")
+    results = tmp_path / "results"
+    run_dir = results / "early" / "20261206-120000-abcdef"
+    tune.Tuner(lambda config: None, run_config=tune.RunConfig(name=run_dir.name, storage_path=str(run_dir.parent)))
+    before = listing(run_dir)
+    monkeypatch.setattr(runner, "init_ray", lambda *args: pytest.fail("Ray started"))
+    with pytest.raises(SweepError) as refused:
+        run_sweep(plan, track=False, storage_path=str(results), out=io.StringIO(), verbose=0, resume=True)
+    assert str(refused.value) == (f"cannot resume {run_dir}: Ray Tune saved no state of that sweep (it was stopped "
+                                  "before its first save), so there is nothing to continue: run it anew without "
+                                  "--resume")
+    assert listing(run_dir) == before
+
+
 # Slow tier: from scratch (every checkpoint gone), which the killed driver below also meets.
 @pytest.mark.parametrize("deleted", ["newest", pytest.param("every", marks=pytest.mark.slow)])
 def test_a_trial_whose_newest_checkpoint_is_gone_restarts_from_one_that_exists(deleted, ray_session, tmp_path,

@@ -102,10 +102,10 @@ def after_interrupt(root: str, before: str | None, resume: bool) -> str:
     started; an earlier sweep's, which ``--resume`` must not be advised to continue in this
     one's place."""
     from haepo_ray.sweep.paths import latest_run_dir
-    from haepo_ray.upstream.tune_restore import newest_state
+    from haepo_ray.upstream.tune_restore import newest_state_file
 
     latest = latest_run_dir(root)  # the run --resume takes now
-    if latest is not None and (resume or latest != before) and newest_state(latest) is not None:
+    if latest is not None and (resume or latest != before) and newest_state_file(latest) is not None:
         return ("interrupted before Ray Tune saved the sweep's last state: the same command with --resume "
                 f"continues it from the state Tune saved in {latest}")
     earlier = latest is not None and latest == before

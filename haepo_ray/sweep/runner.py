@@ -318,6 +318,9 @@ def run_sweep(
             raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
                              "can restore (run it without --resume)")
         name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+        if tune_restore.newest_state_file(run_dir) is None:  # Tune's restore would fail, after Ray's start
+            raise SweepError(f"cannot resume {run_dir}: Ray Tune saved no state of that sweep (it was stopped "
+                             "before its first save), so there is nothing to continue: run it anew without --resume")
         refuse_a_changed_spec(run_dir, spec)
         refuse_a_foreign_state(run_dir, name)
     checked_trials(plan)  # a trial whose config is wrong, refused before any starts

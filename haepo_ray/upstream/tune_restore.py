@@ -129,18 +129,26 @@ class StateTrial(NamedTuple):
     checkpoint: str | None  # its newest checkpoint's folder on its storage
 
 
-def newest_state(run_dir: str) -> tuple[str, list[StateTrial]] | None:
+def newest_state_file(run_dir: str) -> str | None:
     """The experiment-state file of the run folder ``run_dir`` (a path or URI) that a resume
-    restores (its newest) and the trials it holds; None when there is none or it does not
-    parse (the resume's restore then says why)."""
+    restores (its newest), or None: Tune saved none (its restore would fail)."""
     import pyarrow.fs
     from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
-    from ray.tune.experiment import Trial
 
     fs, path = pyarrow.fs.FileSystem.from_uri(run_dir)
-    newest = _find_newest_experiment_checkpoint(path, fs=fs)
+    return _find_newest_experiment_checkpoint(path, fs=fs)
+
+
+def newest_state(run_dir: str) -> tuple[str, list[StateTrial]] | None:
+    """:func:`newest_state_file` and the trials it holds; None when there is none or it does
+    not parse (the resume's restore then says why)."""
+    import pyarrow.fs
+    from ray.tune.experiment import Trial
+
+    newest = newest_state_file(run_dir)
     if newest is None:
         return None
+    fs, _ = pyarrow.fs.FileSystem.from_uri(run_dir)
     trials = []
     try:
         with fs.open_input_stream(newest) as f:
