@@ -74,7 +74,6 @@ def unread_errors(spec: LLMSweepSpec, settings_of: Callable[[Any, dict[str, Any]
     from haepo_ray.llm.settings import READ_WHEN, unread
 
     searched = spec.algorithm is None
-    spec_name = {field: name for name, field in RENAMES.items()}
     errors: dict[str, None] = {}  # in order, once
     for value in spec.search_space["algorithm"].values if searched else [spec.algorithm]:
         method = method_of(value)
@@ -87,14 +86,9 @@ def unread_errors(spec: LLMSweepSpec, settings_of: Callable[[Any, dict[str, Any]
         for section, mapping in (("settings", spec.settings), ("search_space", spec.search_space), (own, method)):
             given = {RENAMES.get(name, name): name for name in mapping if name not in ("algo", "algorithm")}
             for field in [field for field in given if field in READ_WHEN]:
-                deciders = [d for d in READ_WHEN[field][0] if d != "algo"]  # algo: one value at a time, above
-                combinations = spec.value_combinations({spec_name.get(d, d): getattr(settings, d) for d in deciders})
-                if combinations is None:
-                    continue  # what else decides it takes many values
-                try:
-                    runs = [settings_of(value, values) for values in combinations]
-                except SpecError:
-                    continue  # a trial whose settings are wrong: the planned trials' check names it
+                runs = _trials(spec, lambda values: settings_of(value, values), settings, READ_WHEN[field][0])
+                if runs is None:
+                    continue
                 for why in unread(runs, [field]).values():
                     # the sweep's other algorithms may read it
                     hint = searched and section != own and "algo" in READ_WHEN[field][0]
@@ -102,3 +96,17 @@ def unread_errors(spec: LLMSweepSpec, settings_of: Callable[[Any, dict[str, Any]
                            f"{why}; remove {given[field]}" + (f", or sweep {algo} in a spec of its own" if hint else "")
                            ] = None
     return list(errors)
+
+
+def _trials(spec: LLMSweepSpec, settings_of: Callable[[dict[str, Any]], Any], settings: Any,
+            deciders: tuple[str, ...]) -> list[Any] | None:
+    """The settings of an algorithm's or method's trials (``settings``: before the search values)
+    with each combination of the values the spec gives ``deciders`` but ``algo`` (one value at a
+    time, the caller's); None where that is not judged: they take many values, or a trial's
+    settings are wrong (the planned trials' check names it)."""
+    spec_name = {field: name for name, field in RENAMES.items()}
+    combinations = spec.value_combinations({spec_name.get(d, d): getattr(settings, d) for d in deciders if d != "algo"})
+    try:
+        return None if combinations is None else [settings_of(values) for values in combinations]
+    except SpecError:
+        return None
