@@ -387,6 +387,19 @@ def test_recurrent_modules_fail_validation():
         config.validate()
 
 
+@pytest.mark.parametrize("algo", ["HAEPO", "DPO", "GRPO"])
+def test_multi_agent_configs_fail_validation_with_their_policies(algo):
+    from haepo_ray.rl.registry import algorithm_class
+
+    config = algorithm_class(algo).get_default_config().environment(CHAIN)
+    if algo == "DPO":
+        config.training(beta_ent=0.0, beta_kl=0.0)
+    config.validate()  # single-agent: valid
+    config.multi_agent(policies={"p0", "p1"}, policy_mapping_fn=lambda agent_id, *args, **kwargs: f"p{agent_id}")
+    with pytest.raises(ValueError, match=rf"^{algo}: multi-agent configs are not supported \(policies \['p0', 'p1'\]\)"):
+        config.validate()
+
+
 def test_behavior_reference_is_inert_with_one_gradient_step(ray_session):
     results, algo = train(chain_config().training(reference_policy="behavior", num_epochs=1), 3)
     algo.stop()

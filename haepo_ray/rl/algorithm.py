@@ -120,6 +120,11 @@ class HAEPOConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.is_multi_agent:
+            rllib_internals.config_error(self, (
+                f"{self.algo_class.__name__}: multi-agent configs are not supported (policies "
+                f"{sorted(map(str, self.policies))}): it ranks the complete episodes of one agent, the paper's "
+                "single-agent setting (its Limitations); use a single-agent env and no .multi_agent(policies=...)"))
         m = self.episodes_per_batch
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             rllib_internals.config_error(self, f"HAEPO: episodes_per_batch must be an integer >= 1, got {m!r}")

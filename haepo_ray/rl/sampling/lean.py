@@ -49,8 +49,6 @@ PER_STEP_HOOKS = ("on_episode_created", "on_episode_start", "on_episode_step")
 
 def config_blocker(config, callbacks: list) -> str | None:
     """Why the config rules the lean path out (before env and module exist), or None."""
-    if config.is_multi_agent:
-        return "multi-agent"
     env_to_module, module_to_env = rllib_internals.connector_factories(config)
     if env_to_module not in (None, flatten_non_box) or module_to_env is not None:
         return "custom connectors"
