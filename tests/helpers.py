@@ -137,6 +137,16 @@ def fresh_python(code: str, timeout: float = 120) -> list[str]:
     return proc.stdout.splitlines()
 
 
+def bench_module(name: str):
+    """``bench/<name>.py`` imported by its path (bench's scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_tree(args: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)``, except
     that a timeout kills every process under the child too (a sweep's driver in its own session,
