@@ -114,10 +114,13 @@ def hidden_modules() -> list[str]:
                   and not any(normalized(d) in have for d in dists))
 
 
-SITECUSTOMIZE = """# Written by bench/gpu_image.py: the modules the GPU machine lacks are not found.
-import sys
+def hiding(modules) -> str:
+    """Python code that, run first in a process, makes the top-level ``modules`` (and their
+    submodules) not found, as where they are not installed: ``find_spec`` gives None and
+    ``import`` raises ``ModuleNotFoundError``."""
+    return f"""import sys
 
-HIDDEN = frozenset({hidden!r})
+HIDDEN = frozenset({sorted(modules)!r})
 
 
 class _Hidden:
@@ -142,7 +145,8 @@ def emulate(folder: Path, env: dict[str, str]) -> dict[str, str]:
     """``env`` for processes that see only what the GPU machine has: ``folder/sitecustomize.py``
     (which hides :func:`hidden_modules`) first on ``PYTHONPATH``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.format(hidden=hidden_modules()))
+    (folder / "sitecustomize.py").write_text("# bench/gpu_image.py: what the GPU machine lacks is not found\n"
+                                             + hiding(hidden_modules()))
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)}
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import bench_module
 
 from haepo_ray.llm.capacity.steps import RL_PHASES
 
@@ -17,26 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = ("ray", "mlflow", "gymnasium", "trl")
 
 # Every finder answers "no such module" for the hidden top-level names (as where they are not
-# installed: importlib.util.find_spec gives None, import raises ModuleNotFoundError); the script
-# runs as __main__; at the end, none of them may have been imported.
-WRAPPER = """
-import runpy, sys
-HIDDEN = set({hidden!r})
-
-class Hidden:
-    def __init__(self, finder):
-        self.finder = finder
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in HIDDEN:
-            return None
-        find = getattr(self.finder, "find_spec", None)
-        return find(name, path, target) if find else None
-
-    def __getattr__(self, name):
-        return getattr(self.finder, name)
-
-sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
+# installed); the script runs as __main__; at the end, none of them may have been imported.
+HIDE = bench_module("gpu_image").hiding(HIDDEN)
+RUN = """
+import runpy
 sys.argv = [{script!r}, *{args!r}]
 try:
     runpy.run_path({script!r}, run_name="__main__")
@@ -47,14 +32,13 @@ finally:
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    code = WRAPPER.format(hidden=HIDDEN, script=str(ROOT / "bench" / "gpu_check.py"), args=args)
+    code = HIDE + RUN.format(script=str(ROOT / "bench" / "gpu_check.py"), args=args)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
 def test_the_wrapper_hides_the_modules():
-    code = WRAPPER.split("sys.argv")[0] + "import importlib.util\nprint(importlib.util.find_spec('ray'))\nimport ray\n"
-    proc = subprocess.run([sys.executable, "-c", code.format(hidden=HIDDEN)], capture_output=True, text=True,
-                          timeout=120)
+    code = HIDE + "import importlib.util\nprint(importlib.util.find_spec('ray'))\nimport ray\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "None"
     assert "ModuleNotFoundError: No module named 'ray'" in proc.stderr
 
