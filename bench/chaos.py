@@ -320,8 +320,8 @@ def audit(chaos: Chaos, out: Path) -> dict:
     summary = json.loads((run_dir / "haepo_summary.json").read_text()) if (run_dir / "haepo_summary.json").exists() \
         else {"trials": []}
     ended = sorted({(t["status"], t["iterations"]) for t in summary["trials"]})
-    metrics = plan.spec.tracking.metrics or plan.default_metrics
-    report = audit_sweep(client, exp.experiment_id, parents[0].info.run_id, run_dir, metrics, plan.step_key).summary()
+    report = audit_sweep(client, exp.experiment_id, parents[0].info.run_id, run_dir, plan.logged_metrics,
+                         plan.step_key).summary()
     report["tune_trials"] = {"count": len(summary["trials"]), "status_and_iterations": ended}
     report["ok"] = report["ok"] and len(summary["trials"]) == chaos.args.trials \
         and ended == [("TERMINATED", chaos.args.iterations)] and report["trials"] == chaos.args.trials

@@ -24,6 +24,9 @@ EPISODE_LEN_MEAN = "env_runners/episode_len_mean"
 # The paper's per-episode metrics (haepo_ray.rl.callbacks.EpisodeInfoMetrics).
 REGRET_PER_STEP = "env_runners/regret_per_step_mean"
 SUCCESS_RATE = "env_runners/success_rate"
+# RLlib's evaluation runs (AlgorithmConfig.evaluation) report the env runners' keys under "evaluation/".
+EVALUATION = "evaluation"
+EVAL_EPISODE_RETURN_MEAN = f"{EVALUATION}/{EPISODE_RETURN_MEAN}"
 # Learner metrics of the default module; HAEPO and the baselines log the policy entropy as
 # policy_entropy, RLlib's PPO as entropy.
 LEARNER = "learners/default_policy"
@@ -71,7 +74,9 @@ LLM_EVAL_POLICY_METRICS = (LLM_EXACT_KL, LLM_COMPLETION_LENGTH)
 LLM_EVAL_START = "eval_start"
 # Where Ray Train puts a trial's checkpoint in the Tune result (ray.tune.integration.ray_train).
 CHECKPOINT_PATH = "checkpoint_path"
-# Result keys a sweep trial carried over from an earlier iteration (haepo_ray.sweep.kinds.rl.trainable).
+# Result keys carried over from an earlier iteration, which MLflow does not log again (a key names
+# the keys below it too): a sweep trial's metric (haepo_ray.sweep.kinds.rl.trainable), RLlib's last
+# evaluation (haepo_ray.rl.evaluation).
 CARRIED_OVER = "haepo_carried_over"
 # The trial process's provenance tags (haepo_ray.provenance), in every result of a sweep trial.
 PROVENANCE = "haepo_provenance"

@@ -107,6 +107,7 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
     out = haepo(
         "train", "--env", "haepo/ChainMDP-v0", "--stop-iters", "3", "--seed", "1",
         "--num-cpus", "2", "--set", "lr=0.05", "--set", "model_config={fcnet_hiddens: [8]}",
+        "--set", "evaluation_interval=2", "--set", "evaluation_duration=2",
         "--checkpoint-dir", str(ckpt), "--tracking-uri", uri, "--experiment", "chain",
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -139,10 +140,12 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
     assert (params["lr"], params["_model_config/fcnet_hiddens"], params["stop/training_iteration"]) == ("0.05", "[8]", "3")
     assert "checkpoint/rllib_checkpoint.json" in {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
     keys = set(run.data.metrics)
-    assert {names.TRAINING_ITERATION, names.EPISODE_RETURN_MEAN, names.WEIGHT_ENTROPY} <= keys
+    assert {names.TRAINING_ITERATION, names.EPISODE_RETURN_MEAN, names.WEIGHT_ENTROPY,
+            names.EVAL_EPISODE_RETURN_MEAN} <= keys
     assert all(any(fnmatch.fnmatchcase(k, p) for p in DEFAULT_METRICS) for k in keys)  # the sweep's selection
-    for key in keys:
-        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
+    for key in keys:  # RLlib evaluated in iteration 2 alone (its later results repeat that evaluation)
+        steps = [2] if key.startswith(f"{names.EVALUATION}/") else [1, 2, 3]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == steps, key
 
 
 def _text(data: bytes | str | None) -> str:

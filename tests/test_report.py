@@ -1,7 +1,8 @@
 """``haepo report`` on a real SQLite MLflow store filled by a small real sweep.
 
 The sweep: HAEPO on a 5-armed Gaussian bandit, lr x batch size x 2 seeds (8 trials), so the
-report has four configurations of two seeds each, regret curves and an lr x batch heatmap.
+report has four configurations of two seeds each, regret curves and an lr x batch heatmap; RLlib
+evaluates every second iteration, so it has the evaluation runs' return too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from chromium import (assert_highlighted, assert_legend_toggles, assert_offline,
 from helpers import free_port, sqlite_store
 
 from haepo_ray import cli
+from haepo_ray.names import EVAL_EPISODE_RETURN_MEAN as EVAL_RETURN
 from haepo_ray.report import build_report
 from haepo_ray.report.aggregate import Group, group_trials
 from haepo_ray.report.figures import curve_figure, write_figures
@@ -32,7 +34,8 @@ SPEC = {
     "algorithm": "HAEPO",
     "env": "haepo/GaussianBandit-v0",
     "env_config": {"num_arms": 5, "means_seed": 3},
-    "settings": {"num_env_runners": 0, "model_config": {"fcnet_hiddens": [8]}},
+    "settings": {"num_env_runners": 0, "model_config": {"fcnet_hiddens": [8]},
+                 "evaluation_interval": 2, "evaluation_duration": 4, "evaluation_duration_unit": "episodes"},
     "search_space": {
         "lr": {"grid": [0.01, 0.1]},
         "batch_size": {"grid": [4, 8]},
@@ -77,6 +80,10 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
         assert row["return mean"] == pytest.approx(np.mean(returns))
         assert row["return std"] == pytest.approx(np.std(returns))
         assert row["regret/step mean"] == pytest.approx(np.mean([m[REGRET] for m in metrics]))
+        # Evaluated at iterations 2 and 4 only (not carried to the others), the last one in the table.
+        evaluations = [client.get_metric_history(t.run_id, EVAL_RETURN) for t in runs]
+        assert [sorted(h.step for h in history) for history in evaluations] == [[2, 4], [2, 4]]
+        assert row["evaluation return mean"] == pytest.approx(np.mean([m[EVAL_RETURN] for m in metrics]))
         per_100 = np.mean([100 * m[SECONDS] / m["training_iteration"] for m in metrics])
         assert row["s / 100 updates"] == pytest.approx(per_100)
 
@@ -85,8 +92,8 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
     assert (tmp_path / "results.md").read_text().split("\n\n")[0].count("\n") == len(table) + 1
     stems = {f.stem for f in report.figures}
     env = "haepo_GaussianBandit-v0_means_seed=3_num_arms=5"
-    assert stems == {f"{env}-return-vs-updates", f"{env}-return-vs-seconds", f"{env}-regret",
-                     f"{env}-entropy", "report-bandit-HAEPO-heatmap-lr-batch"}
+    assert stems == {f"{env}-return-vs-updates", f"{env}-return-vs-seconds", f"{env}-evaluation-return-vs-updates",
+                     f"{env}-regret", f"{env}-entropy", "report-bandit-HAEPO-heatmap-lr-batch"}
     assert {f.section for f in report.figures} == {"haepo/GaussianBandit-v0 (means_seed=3, num_arms=5)"}
     for stem in stems:
         assert (tmp_path / f"{stem}.png").stat().st_size > 1000
@@ -369,7 +376,7 @@ def test_rl_charts_hover_hide_and_highlight_offline_in_headless_chromium(store, 
         assert_offline(driver, report.index)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(ARTIFACTS / "report.png"))
-        assert driver.execute_script("return document.querySelectorAll('div.plot').length") == len(report.figures) == 5
+        assert driver.execute_script("return document.querySelectorAll('div.plot').length") == len(report.figures) == 6
         assert column(driver, "results-0", "seeds") == ["2"] * 4
         returns = chart(driver, f"{env}-return-vs-updates")
         lines = hover(driver, returns, at, point["mean"])

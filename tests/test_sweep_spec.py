@@ -98,6 +98,19 @@ def test_the_bandit_grid_is_the_papers():
     assert spec.settings["beta_ent"] == spec.settings["beta_kl"] == 0.05
 
 
+def test_mlflow_logs_the_sweeps_own_metric_whatever_the_spec_logs():
+    from haepo_ray import tracking
+
+    spec = yaml.safe_load((REPO / "tune_configs" / "smoke.yaml").read_text())
+    spec["metric"] = "env_runners/episode_duration_sec_mean"
+    assert parse_plan(spec, "s.yaml").logged_metrics == (*tracking.DEFAULT_METRICS, spec["metric"])
+    spec["tracking"] = {"metrics": ["time_total_s", "learners/*"]}
+    spec["metric"] = names.EVAL_EPISODE_RETURN_MEAN
+    assert parse_plan(spec, "s.yaml").logged_metrics == ("time_total_s", "learners/*", names.EVAL_EPISODE_RETURN_MEAN)
+    spec["metric"] = "time_total_s"
+    assert parse_plan(spec, "s.yaml").logged_metrics == ("time_total_s", "learners/*")
+
+
 def test_each_kind_of_trial_answers_the_sweep_from_its_plan():
     """The runner, Tune's setup and the dry run ask the plan: step key, stop, metrics, the
     files MLflow gets at a run's root, who checkpoints, and the trial's names."""
@@ -114,6 +127,7 @@ def test_each_kind_of_trial_answers_the_sweep_from_its_plan():
     assert llm.stop_dict() == {names.LLM_UPDATE: 3}
     assert rl.stop_dict() == {names.TRAINING_ITERATION: 8, names.TIME_TOTAL_S: 120}
     assert (rl.default_metrics, llm.default_metrics) == (tracking.DEFAULT_METRICS, tracking.LLM_METRICS)
+    assert (rl.logged_metrics, llm.logged_metrics) == (tracking.DEFAULT_METRICS, tracking.LLM_METRICS)  # metric in both
     assert (rl.root_files, llm.root_files) == ((), ("generations.jsonl",))
     assert rl.subject == ({"env": rl.spec.env, "env_config": rl.spec.env_config}, {names.ENV: rl.spec.env})
     assert llm.subject[1] == {names.MODEL: llm.spec.llm.model, names.DATA: llm.spec.llm.data}

@@ -30,6 +30,25 @@ def test_metrics_are_selected_flattened_and_numeric():
     assert tracking.sanitize_key("a:b/c d=e") == "a_b/c d_e"
 
 
+def test_carried_over_keys_and_the_keys_below_them_are_not_logged():
+    from haepo_ray import names
+    from haepo_ray.rl.evaluation import mark_stale_evaluation
+
+    result = {"training_iteration": 3, "env_runners": {"episode_return_mean": 0.5},
+              "evaluation": {"env_runners": {"episode_return_mean": 0.7, "episode_len_mean": 4}},
+              "evaluation_extra": {"x": 1.0}}
+    assert tracking.select_metrics(result, tracking.DEFAULT_METRICS) == {
+        "training_iteration": 3.0, "env_runners/episode_return_mean": 0.5,
+        "evaluation/env_runners/episode_return_mean": 0.7, "evaluation/env_runners/episode_len_mean": 4.0}
+    every_second = SimpleNamespace(evaluation_interval=2, offline_evaluation_interval=None)
+    assert mark_stale_evaluation({**result, "training_iteration": 4}, every_second).get(names.CARRIED_OVER) is None
+    stale = mark_stale_evaluation({**result, names.CARRIED_OVER: ["env_runners/episode_return_mean"]}, every_second)
+    assert stale[names.CARRIED_OVER] == ["env_runners/episode_return_mean", "evaluation"]
+    assert tracking.select_metrics(stale, ["*"]) == {"training_iteration": 3.0, "evaluation_extra/x": 1.0}
+    offline = SimpleNamespace(evaluation_interval=None, offline_evaluation_interval=3)
+    assert names.CARRIED_OVER not in mark_stale_evaluation(dict(result), offline)
+
+
 def test_one_best_trial_rule_for_mlflow_and_the_sweep_summary():
     """The parent run's best trial and the sweep's printed ranking come from one rule: the
     last reported value, NaN and missing values last, ties in trial order."""

@@ -18,6 +18,7 @@ from haepo_ray import names
 from haepo_ray.cli.args import add_experiment, add_tracking_uri, check_out_folder
 from haepo_ray.cli.errors import UsageError, configure_logging
 from haepo_ray.cli.signals import StopRequest
+from haepo_ray.rl.evaluation import mark_stale_evaluation
 from haepo_ray.sweep.spec import StopSpec
 
 DEFAULT_EXPERIMENT = "train"
@@ -246,7 +247,7 @@ def _train(algo, stop: StopSpec, out: Path, run, request: StopRequest) -> None:
             result = algo.train()
             print(_progress_line(result), flush=True)
             if run is not None:
-                run.log_result(result)
+                run.log_result(mark_stale_evaluation(result, algo.config))
             if stop.reached(result):
                 break
         if result is not None:

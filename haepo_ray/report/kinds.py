@@ -47,16 +47,19 @@ RL = Kind(
     seconds=names.TIME_TOTAL_S,
     headline=names.EPISODE_RETURN_MEAN,
     headline_label="return",
-    metrics=(names.TIME_TOTAL_S, names.ENV_STEPS, names.EPISODE_RETURN_MEAN, names.REGRET_PER_STEP,
-             names.SUCCESS_RATE, *names.POLICY_ENTROPY_KEYS),
+    metrics=(names.TIME_TOTAL_S, names.ENV_STEPS, names.EPISODE_RETURN_MEAN, names.EVAL_EPISODE_RETURN_MEAN,
+             names.REGRET_PER_STEP, names.SUCCESS_RATE, *names.POLICY_ENTROPY_KEYS),
     curves={
         "return-vs-updates": (names.EPISODE_RETURN_MEAN, names.TRAINING_ITERATION, "mean return"),
         "return-vs-seconds": (names.EPISODE_RETURN_MEAN, names.TIME_TOTAL_S, "mean return"),
+        "evaluation-return-vs-updates": (names.EVAL_EPISODE_RETURN_MEAN, names.TRAINING_ITERATION,
+                                         "mean return of the evaluation runs"),
         "regret": (names.REGRET_PER_STEP, names.TRAINING_ITERATION, "per-step regret"),
         "success": (names.SUCCESS_RATE, names.TRAINING_ITERATION, "success rate"),
         "entropy": (ENTROPY, names.TRAINING_ITERATION, "policy entropy"),
     },
-    table=((("return", names.EPISODE_RETURN_MEAN, LAST), ("regret/step", names.REGRET_PER_STEP, LAST),
+    table=((("return", names.EPISODE_RETURN_MEAN, LAST), ("evaluation return", names.EVAL_EPISODE_RETURN_MEAN, LAST),
+            ("regret/step", names.REGRET_PER_STEP, LAST),
             ("success", names.SUCCESS_RATE, LAST), ("entropy", ENTROPY, LAST))),
 )
 

@@ -60,6 +60,12 @@ class Plan(ABC):
         """What the trials train on, for MLflow: (the parent run's params, every run's tags)."""
 
     @property
+    def logged_metrics(self) -> tuple[str, ...]:
+        """Globs of the result keys MLflow logs every step: ``tracking.metrics`` or the kind's
+        defaults, and always the sweep's own metric (the one that ranks its trials)."""
+        return tuple(dict.fromkeys((*(self.spec.tracking.metrics or self.default_metrics), self.spec.metric)))
+
+    @property
     def trial_tags(self) -> dict[str, str]:
         """MLflow tag -> trial config key, for tags that differ between trials."""
         return {}

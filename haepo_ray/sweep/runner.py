@@ -137,7 +137,7 @@ def make_callback(plan: Plan, *, tracking_uri: str, experiment: str, sweep_name:
         search_keys=plan.search_keys,
         metric=spec.metric,
         mode=spec.mode,
-        metrics=spec.tracking.metrics or plan.default_metrics,
+        metrics=plan.logged_metrics,
         config_metrics=list(plan.mutations),
         log_checkpoints=spec.tracking.log_checkpoints,
         step_key=plan.step_key,

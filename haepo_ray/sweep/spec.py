@@ -64,7 +64,8 @@ the file, the key and what is allowed. Each kind of trial adds its own keys
     tracking:
       log_checkpoints: true        # upload each trial's final checkpoint to MLflow
       metrics: [...]               # glob patterns of result keys logged every iteration
-                                   # (default: DEFAULT_METRICS in haepo_ray.tracking)
+                                   # (default: DEFAULT_METRICS in haepo_ray.tracking); the
+                                   # sweep's metric is logged too
 
 Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats.
 

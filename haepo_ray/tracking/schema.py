@@ -28,6 +28,8 @@ TRIAL_ROLE = "trial"
 TRAIN_ROLE = "train"  # a run of ``haepo train``: no parent
 
 # Result keys logged every iteration (glob patterns over the "/"-flattened result).
+_EPISODE_METRICS = (names.EPISODE_RETURN_MEAN, names.EPISODE_RETURN_MIN, names.EPISODE_RETURN_MAX,
+                    names.EPISODE_LEN_MEAN, names.REGRET_PER_STEP, names.SUCCESS_RATE)
 DEFAULT_METRICS = (
     names.TRAINING_ITERATION,
     names.TIME_TOTAL_S,
@@ -35,12 +37,8 @@ DEFAULT_METRICS = (
     "num_env_steps_sampled_lifetime",  # RLlib's top-level count, next to the env runners' one
     names.ENV_STEPS,
     names.EPISODES,
-    names.EPISODE_RETURN_MEAN,
-    names.EPISODE_RETURN_MIN,
-    names.EPISODE_RETURN_MAX,
-    names.EPISODE_LEN_MEAN,
-    names.REGRET_PER_STEP,
-    names.SUCCESS_RATE,
+    *_EPISODE_METRICS,
+    *(f"{names.EVALUATION}/{key}" for key in _EPISODE_METRICS),  # where the config evaluates
     "learners/*",
 )
 
@@ -133,13 +131,14 @@ def is_metric_value(value: Any) -> bool:
 
 def select_metrics(result: Mapping[str, Any], patterns: Iterable[str]) -> dict[str, float]:
     """Numeric values of the flattened ``result`` whose keys match any glob in ``patterns``,
-    without the values the trainable carried over from an earlier iteration."""
-    carried = set(result.get(names.CARRIED_OVER) or ())
+    without the values carried over from an earlier iteration (the keys named under
+    :data:`~haepo_ray.names.CARRIED_OVER`, and the keys below them)."""
+    carried = tuple(result.get(names.CARRIED_OVER) or ())
     flat = flatten({k: v for k, v in result.items() if k not in ("config", names.CARRIED_OVER)})
     pats = list(patterns)
     out: dict[str, float] = {}
     for key, value in flat.items():
-        if key in carried:
+        if key in carried or key.startswith(tuple(f"{c}/" for c in carried)):
             continue
         if is_metric_value(value) and any(fnmatch.fnmatchcase(key, p) for p in pats):
             out[sanitize_key(key)] = float(value)

@@ -16,7 +16,8 @@ than an episode: before the first episode the key is absent, and Tune ends the *
 on a result without its metric; later it is NaN, which schedulers cannot rank. So a missing
 or NaN metric carries its last value forward (NaN before the first), as RLlib's old API stack
 did with its smoothing window; the result names it under
-:data:`~haepo_ray.names.CARRIED_OVER`, and MLflow tracking does not log carried values.
+:data:`~haepo_ray.names.CARRIED_OVER`, and MLflow tracking does not log carried values (nor
+RLlib's evaluation results in an iteration that did not evaluate: :mod:`haepo_ray.rl.evaluation`).
 
 *Devices.* Every result carries, as run tags (:data:`~haepo_ray.names.RUN_TAGS`), the devices
 that the learners' and env runners' modules hold their parameters on, and the GPUs Ray gave
@@ -44,6 +45,7 @@ from haepo_ray.upstream import rllib as rllib_internals
 from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.names import CARRIED_OVER, PROVENANCE, RUN_TAGS
 from haepo_ray.provenance import device_tags, provenance
+from haepo_ray.rl.evaluation import mark_stale_evaluation
 from haepo_ray.sweep.trial_process import freeze_survivors, release_memory
 
 CARRIED_FILE = "haepo_carried_metric.json"  # in the checkpoint: {"value": the carried metric}
@@ -79,7 +81,7 @@ class SweepTrainable(tune.Trainable):
         result = super().train()
         result[PROVENANCE] = provenance()  # what trains this trial (MLflow tags its run)
         result[RUN_TAGS] = self._devices
-        return self._with_metric(result)
+        return self._with_metric(mark_stale_evaluation(result, self.algo.config))
 
     def _with_metric(self, result: dict[str, Any]) -> dict[str, Any]:
         if self.metric is None or RESULT_DUPLICATE in result:
@@ -95,7 +97,7 @@ class SweepTrainable(tune.Trainable):
             self._last_metric = value
         else:
             node[leaf] = self._last_metric
-            result[CARRIED_OVER] = [self.metric]
+            result[CARRIED_OVER] = [*result.get(CARRIED_OVER, ()), self.metric]
         return result
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
