@@ -114,6 +114,7 @@ def test_train_runs_logs_to_mlflow_and_writes_a_loadable_checkpoint(tmp_path):
     progress = [line for line in out.stdout.splitlines() if line.startswith("iter")]
     assert [int(line.split()[1]) for line in progress] == [1, 2, 3]
     assert "H(w)" in progress[0] and "KL" in progress[0]
+    assert ["evaluation return" in line for line in progress] == [False, True, False]  # where RLlib evaluated
     assert f"checkpoint: {ckpt}" in out.stdout
     assert "RLModule(config=" not in out.stderr  # RLlib's deprecation notice of its own call
 

@@ -141,6 +141,9 @@ def _progress_line(result: dict[str, Any]) -> str:
     ]
     if "weight_entropy" in learner:
         parts += [f"H(w) {learner['weight_entropy']:6.3f}", f"KL {learner['kl_to_reference']:8.2e}"]
+    evaluation = result.get(names.EVALUATION, {}).get("env_runners", {})
+    if "episode_return_mean" in evaluation and names.EVALUATION not in result.get(names.CARRIED_OVER, ()):
+        parts.append(f"evaluation return {evaluation['episode_return_mean']:9.3f}")  # evaluated in this iteration
     parts.append(f"{result.get(names.TIME_THIS_ITER_S, 0.0):6.2f} s")
     return " | ".join(parts)
 
@@ -244,10 +247,10 @@ def _train(algo, stop: StopSpec, out: Path, run, request: StopRequest) -> None:
     status, checkpoint, error, result = "FAILED", None, None, None
     try:
         while request.signum is None:
-            result = algo.train()
+            result = mark_stale_evaluation(algo.train(), algo.config)
             print(_progress_line(result), flush=True)
             if run is not None:
-                run.log_result(mark_stale_evaluation(result, algo.config))
+                run.log_result(result)
             if stop.reached(result):
                 break
         if result is not None:
