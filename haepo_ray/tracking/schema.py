@@ -134,11 +134,12 @@ def select_metrics(result: Mapping[str, Any], patterns: Iterable[str]) -> dict[s
     without the values carried over from an earlier iteration (the keys named under
     :data:`~haepo_ray.names.CARRIED_OVER`, and the keys below them)."""
     carried = tuple(result.get(names.CARRIED_OVER) or ())
+    below_carried = tuple(f"{c}/" for c in carried)
     flat = flatten({k: v for k, v in result.items() if k not in ("config", names.CARRIED_OVER)})
     pats = list(patterns)
     out: dict[str, float] = {}
     for key, value in flat.items():
-        if key in carried or key.startswith(tuple(f"{c}/" for c in carried)):
+        if key in carried or key.startswith(below_carried):
             continue
         if is_metric_value(value) and any(fnmatch.fnmatchcase(key, p) for p in pats):
             out[sanitize_key(key)] = float(value)
