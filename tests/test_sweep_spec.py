@@ -105,7 +105,7 @@ def test_mlflow_logs_the_sweeps_own_metric_whatever_the_spec_logs():
     spec["metric"] = "env_runners/episode_duration_sec_mean"
     assert parse_plan(spec, "s.yaml").logged_metrics == (*tracking.DEFAULT_METRICS, spec["metric"])
     spec["tracking"] = {"metrics": ["time_total_s", "learners/*"]}
-    spec["metric"] = names.EVAL_EPISODE_RETURN_MEAN
+    spec["metric"], spec["settings"]["evaluation_interval"] = names.EVAL_EPISODE_RETURN_MEAN, 2
     assert parse_plan(spec, "s.yaml").logged_metrics == ("time_total_s", "learners/*", names.EVAL_EPISODE_RETURN_MEAN)
     spec["metric"] = "time_total_s"
     assert parse_plan(spec, "s.yaml").logged_metrics == ("time_total_s", "learners/*")
@@ -332,6 +332,16 @@ def test_a_metric_of_rllibs_old_api_stack_is_refused_with_its_new_name(old, new,
     message = _error(tmp_path, _spec(metric=old))
     assert f"metric: {old!r} is a result key of RLlib's old API stack; its new stack, which haepo-ray " \
            f"runs, reports it as {new!r}" in message
+
+
+def test_an_evaluation_metric_needs_settings_that_evaluate(tmp_path):
+    metric = names.EVAL_EPISODE_RETURN_MEAN
+    message = _error(tmp_path, _spec(metric=metric))
+    assert f"metric: {metric!r} is reported only in iterations in which RLlib evaluates, and the settings set no " \
+           "evaluation_interval" in message
+    for given in ({"settings": {"num_env_runners": 0, "evaluation_interval": 2}},
+                  {"search_space": {"evaluation_interval": {"grid": [1, 2]}}}):
+        assert parse_plan(_spec(metric=metric, **given), "s.yaml").spec.metric == metric
 
 
 def test_new_stack_metrics_are_not_taken_for_old_ones():

@@ -67,6 +67,7 @@ class RLPlan(Plan):
             configs.check_model(base, *spaces)
         except ValueError as err:
             raise SpecError(f"{source}: {err}") from None
+        _check_evaluated(spec, base, source)
         mutations_spec = _mutations(spec)
         search_keys = {name: configs.config_key(base, name) for name in spec.search_space}
         mutations = {configs.config_key(base, name): list(dim.values) if dim.kind == "choice" else dim.to_tune()
@@ -181,6 +182,17 @@ def _check_metric(spec: RLSweepSpec, source: str) -> None:
     if new is not None:
         raise SpecError(f"{source}: metric: {spec.metric!r} is a result key of RLlib's old API stack; its new "
                         f"stack, which haepo-ray runs, reports it as {new!r}")
+
+
+def _check_evaluated(spec: RLSweepSpec, config, source: str) -> None:
+    """A metric of RLlib's evaluation needs a config that evaluates: else no trial reports it."""
+    searched = {*spec.search_space, *_mutations(spec)}
+    if (spec.metric.startswith(f"{names.EVALUATION}/") and not config.evaluation_interval
+            and not getattr(config, "offline_evaluation_interval", None)
+            and not searched & {"evaluation_interval", "offline_evaluation_interval"}):
+        raise SpecError(f"{source}: metric: {spec.metric!r} is reported only in iterations in which RLlib "
+                        "evaluates, and the settings set no evaluation_interval, so no trial would report it: "
+                        "set settings.evaluation_interval (e.g. 1), or rank by a training metric")
 
 
 def _check_setting_names(spec: RLSweepSpec, config, source: str) -> None:
