@@ -20,7 +20,8 @@
 #   OUT gets session.log, decode/gpu_check.{md,json} and sweep/gpu_sweep_check.{md,json}.
 #   DEVICE=cpu PY=... rehearses it here (the tiny model, the check's --device cpu).
 # 15 minutes of device time hold a start, a call of 450 s and a shorter second call on the warm
-# machine (DECODE_S=0 and the rows the first did not reach), not one call that runs everything.
+# machine (DECODE_S=0 and the rows the first did not reach; sent within the 30 s it stays warm,
+# else a bare machine installs again), not one call that runs everything.
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel 2>/dev/null || dirname "$(dirname "$(readlink -f "$0")")")" || exit 1
 LIMIT_BYTES=$((64 * 1024 * 1024))
