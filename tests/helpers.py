@@ -137,6 +137,13 @@ def fresh_python(code: str, timeout: float = 120) -> list[str]:
     return proc.stdout.splitlines()
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A ``preexec_fn``: SIGINT at its default in the child, as a terminal's foreground job has it.
+    A test runner started with ``&`` or ``nohup`` passes it on ignored, and ``haepo train`` keeps
+    an ignored SIGINT ignored, as such a job asks."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def bench_module(name: str):
     """``bench/<name>.py`` imported by its path (bench's scripts are not a package)."""
     import importlib.util

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GRID_2D, kill_tree, sqlite_store
+from helpers import GRID_2D, kill_tree, sigint_as_in_a_terminal, sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray import names
@@ -172,7 +172,8 @@ def test_ctrl_c_or_sigterm_stops_train_after_its_iteration_with_a_checkpoint(tmp
     proc = subprocess.Popen([sys.executable, "-m", "haepo_ray.cli", "train", "--env", "haepo/ChainMDP-v0",
                              "--stop-iters", "100000", "--num-cpus", "1", "--tracking-uri", uri, "--experiment", "c",
                              "--checkpoint-dir", str(tmp_path / "ck")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
         for line in proc.stdout:  # the second iteration: training, and its run logging
             if line.startswith("iter") and int(line.split()[1]) == 2:

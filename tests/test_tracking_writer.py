@@ -182,6 +182,7 @@ from haepo_ray import tracking
 from haepo_ray.tracking.retry import MLflowCalls
 from haepo_ray.tracking.writer import Metrics, MLflowWriter
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever the runner passed on
 writer = MLflowWriter(MLflowCalls(sys.argv[1], tracking.RetryPolicy(retries=0, backoff_s=0)), flush_interval_s=0)
 storming = threading.Event()
 storming.set()
