@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,12 @@ def test_the_wheelhouse_is_read_from_its_script_without_its_comments(tmp_path):
     assert gpu_image.wheelhouse(script) == ["ray", "mlflow-skinny", "pydantic_core"]
     shipped = {gpu_image.normalized(n) for n in gpu_image.wheelhouse()}
     assert {"ray", "mlflow-skinny", "gymnasium", "pydantic", "optuna", "sqlalchemy"} <= shipped
+
+
+def test_the_image_lists_whole_distribution_names():
+    valid = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")  # PEP 508: no name ends in "-"
+    assert [name for name in gpu_image.IMAGE if not valid.fullmatch(name)] == []
+    assert {"torch", "transformers", "peft", "typing-extensions", "scikit-image"} <= set(gpu_image.IMAGE)
 
 
 def test_the_carried_wheels_are_the_versions_installed_here():
