@@ -15,10 +15,17 @@ from typing import Any
 from haepo_ray import names
 
 
+INTERVALS = ("evaluation_interval", "offline_evaluation_interval")  # the settings that make RLlib evaluate
+
+
+def evaluates(config: Any) -> bool:
+    """Whether ``config`` evaluates in any iteration."""
+    return any(getattr(config, name) for name in INTERVALS)
+
+
 def evaluated(iteration: int, config: Any) -> bool:
     """Whether ``Algorithm.step`` evaluated in training iteration ``iteration`` (1-based)."""
-    return any(interval and iteration % interval == 0
-               for interval in (config.evaluation_interval, getattr(config, "offline_evaluation_interval", None)))
+    return any((interval := getattr(config, name)) and iteration % interval == 0 for name in INTERVALS)
 
 
 def mark_stale_evaluation(result: dict[str, Any], config: Any) -> dict[str, Any]:

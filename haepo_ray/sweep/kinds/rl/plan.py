@@ -15,6 +15,7 @@ from typing import Any
 
 from haepo_ray import names
 from haepo_ray.rl import configs
+from haepo_ray.rl.evaluation import INTERVALS, evaluates
 from haepo_ray.rl.registry import UnknownAlgorithm
 from haepo_ray.sweep.cluster import Cluster, require_resources
 from haepo_ray.sweep.kinds.rl.spec import RLSweepSpec
@@ -187,9 +188,7 @@ def _check_metric(spec: RLSweepSpec, source: str) -> None:
 def _check_evaluated(spec: RLSweepSpec, config, source: str) -> None:
     """A metric of RLlib's evaluation needs a config that evaluates: else no trial reports it."""
     searched = {*spec.search_space, *_mutations(spec)}
-    if (spec.metric.startswith(f"{names.EVALUATION}/") and not config.evaluation_interval
-            and not getattr(config, "offline_evaluation_interval", None)
-            and not searched & {"evaluation_interval", "offline_evaluation_interval"}):
+    if spec.metric.startswith(f"{names.EVALUATION}/") and not evaluates(config) and not searched & set(INTERVALS):
         raise SpecError(f"{source}: metric: {spec.metric!r} is reported only in iterations in which RLlib "
                         "evaluates, and the settings set no evaluation_interval, so no trial would report it: "
                         "set settings.evaluation_interval (e.g. 1), or rank by a training metric")
