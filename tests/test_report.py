@@ -101,8 +101,10 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
 
 
 def _trial(steps: list[int], returns: list[float], seconds: list[float], *, experiment: str = "e",
-           algorithm: str = "HAEPO", config: dict | None = None) -> Trial:
+           algorithm: str = "HAEPO", config: dict | None = None, evaluations: list[float] | None = None) -> Trial:
     curves = pd.DataFrame({RETURN: returns, SECONDS: seconds}, index=pd.Index(steps, name=ITERATION))
+    if evaluations is not None:
+        curves[EVAL_RETURN] = evaluations
     params = {"env_config/length": "5"}
     return Trial(experiment, "r", algorithm, "haepo/ChainMDP-v0", 0, config or {}, params, curves)
 
@@ -157,6 +159,28 @@ def test_sweeps_on_one_env_share_its_figures(tmp_path):
     assert not any(f"lr={lr}," in svg for lr in (0.1, 0.2, 0.3, 0.4))
     assert "chain-norm: HAEPO (norm=sum, 1 seeds)" in svg and "chain-norm: HAEPO (norm=zscore, 1 seeds)" in svg
     assert "chain-ppo: PPO (default, 1 seeds)" in svg
+
+
+def test_a_grid_whose_every_configuration_evaluated_is_ranked_by_its_evaluation_return(tmp_path):
+    """A 6-configuration lr x batch grid: training return ranks lr=0.8 first, evaluation return
+    lr=0.1; the curves draw lr=0.1 and the heatmap maps evaluation return. With one configuration
+    unevaluated, training return ranks and fills the heatmap again."""
+    def grid(evaluated) -> list[Trial]:
+        return [_trial([1, 2], [0.1, lr], [1.0, 2.0], experiment="chain-grid", config={"lr": lr, "batch_size": b},
+                       evaluations=[np.nan, 1.0 - lr] if evaluated(lr, b) else None)
+                for lr in (0.1, 0.4, 0.8) for b in (4, 8)]
+
+    curves = "haepo_ChainMDP-v0_length=5-return-vs-updates.svg"
+    for out, evaluated, best, label, rows in (
+            (tmp_path / "all", lambda lr, b: True, 0.1, "evaluation return", [0.9, 0.6, 0.2]),
+            (tmp_path / "some", lambda lr, b: (lr, b) != (0.4, 8), 0.8, "return", [0.1, 0.4, 0.8])):
+        figures = write_figures(group_trials(grid(evaluated)), out)
+        svg = (out / curves).read_text()
+        assert [lr for lr in (0.1, 0.4, 0.8) if f"lr={lr}, 1 seeds" in svg] == [best], out
+        (heatmap,) = (f for f in figures if "heatmap" in f.stem)
+        assert heatmap.title == f"chain-grid, HAEPO: final {label} over lr x episodes_per_batch"
+        assert f"final mean {label}" in (out / f"{heatmap.stem}.svg").read_text()
+        assert heatmap.chart.data[0].z.ravel().tolist() == pytest.approx([v for v in rows for _ in (4, 8)])  # lr x batch
 
 
 def test_cli_prints_the_table_and_names_bad_input(store, tmp_path, capsys):
@@ -387,8 +411,8 @@ def test_rl_charts_hover_hide_and_highlight_offline_in_headless_chromium(store, 
 
         lines = hover(driver, chart(driver, "report-bandit-HAEPO-heatmap-lr-batch"), 1, 0)  # batch 8, lr 0.01
         assert lines[0] == "lr=0.01, batch_size=8"
-        value, spread, seeds = tooltip_value(lines, "final mean return")
-        finals = cell.final(RETURN)
+        value, spread, seeds = tooltip_value(lines, "final mean evaluation return")  # every configuration evaluated
+        finals = cell.final(EVAL_RETURN)
         assert (value, spread, seeds) == (pytest.approx(finals.mean(), rel=1e-3, abs=1e-4),
                                           pytest.approx(finals.std(), rel=1e-2, abs=1e-4), 2)
 

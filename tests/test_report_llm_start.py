@@ -96,7 +96,7 @@ def test_the_sft_start_is_in_the_win_rates_and_the_figures(report):
     assert got[("ROUGE-L", "HAEPO", SFT_START)] == pytest.approx(0.5)  # p0 ahead, p1 behind
     assert got[("ROUGE-2", "DPO", SFT_START)] == 1.0
     (start,) = (g for g in report.groups if g.algorithm == SFT_START)
-    assert start in curve_groups(report.groups, metric=GREEDY_REWARD)  # the groups the curves draw
+    assert start in curve_groups(report.groups)  # the groups the curves draw
     curve = start.curve(GREEDY_REWARD, names.LLM_UPDATE)
     assert curve.index.tolist() == [1.0, 2.0, 3.0, 4.0] and curve["mean"].tolist() == pytest.approx([0.25] * 4)
     for figure in report.figures:

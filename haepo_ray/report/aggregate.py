@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from haepo_ray.report.kinds import AUC, LAST, MAX, MEAN, RL, STEPS, TAIL, TAIL_STEPS, Kind
-from haepo_ray.report.runs import ITERATION, RETURN, SECONDS, Trial
+from haepo_ray.report.runs import ITERATION, SECONDS, Trial
 from haepo_ray.report.stats import auc
 
 GRID_POINTS = 200
@@ -174,22 +174,32 @@ def by_kind(table: pd.DataFrame) -> list[pd.DataFrame]:
     return [part.dropna(axis=1, how="all") for part in parts if len(part)]
 
 
-def curve_groups(groups: list[Group], max_configs: int = 4, metric: str = RETURN,
-                 mode: str = "max") -> list[Group]:
+def headline(groups: list[Group]) -> tuple[str, str]:
+    """The (metric, label) that ranks the configurations of one sweep: the first of its kind's
+    :attr:`~haepo_ray.report.kinds.Kind.headlines` that every configuration has a final value of
+    (an RL sweep's evaluation return where RLlib evaluated it, its training return otherwise),
+    else the last."""
+    headlines = groups[0].kind.headlines
+    return next((h for h in headlines if all(not np.isnan(g.final(h[0])).all() for g in groups)), headlines[-1])
+
+
+def curve_groups(groups: list[Group], max_configs: int = 4) -> list[Group]:
     """The groups a comparison figure draws: every configuration of a sweep (experiment and
     algorithm) with at most ``max_configs`` of them (e.g. zscore vs sum), else the sweep's
-    best configuration by mean final ``metric`` (its grid is in the heatmaps)."""
+    best configuration by mean final :func:`headline` (its grid is in the heatmaps)."""
     sweeps: dict[tuple[str, str], list[Group]] = defaultdict(list)
     for g in groups:
         sweeps[(g.experiment, g.algorithm)].append(g)
-    sign = 1.0 if mode == "max" else -1.0
-
-    def score(g: Group) -> float:
-        values = g.final(metric)
-        return -np.inf if np.isnan(values).all() else sign * float(np.nanmean(values))
-
     shown: list[Group] = []
     for key in sorted(sweeps):
         members = sweeps[key]
-        shown += members if len(members) <= max_configs else [max(members, key=score)]
+        if len(members) <= max_configs:
+            shown += members
+            continue
+        metric, _ = headline(members)
+
+        def score(g: Group) -> float:
+            values = g.final(metric)
+            return -np.inf if np.isnan(values).all() else float(np.nanmean(values))
+        shown.append(max(members, key=score))
     return shown

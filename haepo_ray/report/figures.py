@@ -4,11 +4,12 @@ computation of its numbers.
 
 Figures compare what ran on one environment (env id and env_config), whichever sweeps ran
 it: learning curves against updates and against wall-clock seconds, mean +- std over seeds,
-for every configuration of a sweep of up to 4 (zscore vs sum, say) and for the best one, by
-final return, of a larger grid;
-per-step regret, success rate and policy entropy where the env or algorithm reports them;
-and heatmaps of the final return over lr x batch size and beta_ent x beta_kl, one per
-(experiment, algorithm) whose sweep varies both.
+for every configuration of a sweep of up to 4 (zscore vs sum, say) and for the best one of a
+larger grid; per-step regret, success rate and policy entropy where the env or algorithm
+reports them; and heatmaps over lr x batch size and beta_ent x beta_kl, one per
+(experiment, algorithm) whose sweep varies both. A sweep's best configuration and its heatmaps
+are by its final evaluation return where every configuration evaluated, else by its final
+return (:func:`~haepo_ray.report.aggregate.headline`).
 
 Language-model trials are drawn the same way, per model and data set, with their own metrics
 (:data:`~haepo_ray.report.kinds.LLM`: the held-out evaluation's reward and ROUGE-L against
@@ -34,7 +35,7 @@ import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 
 from haepo_ray import names  # noqa: E402
-from haepo_ray.report.aggregate import Group, curve_groups  # noqa: E402
+from haepo_ray.report.aggregate import Group, curve_groups, headline  # noqa: E402
 from haepo_ray.report.charts import curve_chart, heatmap_chart, memory_chart  # noqa: E402
 from haepo_ray.report.kinds import GREEDY_ROUGE_L, LLM, MAX, STEPS, memory_phase, memory_phases  # noqa: E402
 from haepo_ray.report.runs import ENTROPY, ITERATION, REGRET, RETURN, SECONDS, SUCCESS  # noqa: E402
@@ -159,7 +160,7 @@ def write_figures(groups: list[Group], out: Path) -> list[Figure]:
     for section in sorted({g.section for g in groups}):
         members = [g for g in groups if g.section == section]
         kind = members[0].kind
-        shown = curve_groups(members, metric=kind.headline)
+        shown = curve_groups(members)
         for name, (metric, x, ylabel) in kind.curves.items():
             stem = f"{slug(section)}-{name}"
             title = f"{section}: {ylabel} vs {X_LABELS[x].split(' (')[0]}"
@@ -171,10 +172,11 @@ def write_figures(groups: list[Group], out: Path) -> list[Figure]:
         for experiment, algorithm in sorted({(g.experiment, g.algorithm) for g in shown}):
             sweep = [g for g in members if (g.experiment, g.algorithm) == (experiment, algorithm)]
             owner = "-".join([experiment, algorithm, *sweep[0].trials[0].subject.values()])
+            metric, label = headline(sweep)
             for name, (row_key, col_keys) in HEATMAP_AXES.items():
                 stem = slug(f"{owner}-heatmap-{name}")
-                title = f"{experiment}, {algorithm}: final {kind.headline_label} over {row_key} x {col_keys[0]}"
-                chart = heatmap_figure(sweep, row_key, col_keys, title, out, stem, kind.headline, kind.headline_label)
+                title = f"{experiment}, {algorithm}: final {label} over {row_key} x {col_keys[0]}"
+                chart = heatmap_figure(sweep, row_key, col_keys, title, out, stem, metric, label)
                 if chart is not None:
                     figures.append(Figure(section, title, stem, chart))
     return figures

@@ -29,8 +29,9 @@ class Kind:
     name: str
     step: str  # the MLflow step and the curves' index
     seconds: str  # the x axis "seconds": cumulative seconds at each step
-    headline: str  # whose final value picks a large grid's best configuration and fills heatmaps
-    headline_label: str
+    # (metric, label), preferred first: the first that every configuration of a sweep logged picks
+    # its best configuration of a large grid and fills its heatmaps (aggregate.headline)
+    headlines: tuple[tuple[str, str], ...]
     metrics: tuple[str, ...]  # the curves read from MLflow
     prefixes: tuple[str, ...] = ()  # metric families read whole ("peak_memory_mb/<phase>")
     curves: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # figure -> (metric, x, y label)
@@ -45,8 +46,7 @@ RL = Kind(
     name="rl",
     step=names.TRAINING_ITERATION,
     seconds=names.TIME_TOTAL_S,
-    headline=names.EPISODE_RETURN_MEAN,
-    headline_label="return",
+    headlines=((names.EVAL_EPISODE_RETURN_MEAN, "evaluation return"), (names.EPISODE_RETURN_MEAN, "return")),
     metrics=(names.TIME_TOTAL_S, names.ENV_STEPS, names.EPISODE_RETURN_MEAN, names.EVAL_EPISODE_RETURN_MEAN,
              names.REGRET_PER_STEP, names.SUCCESS_RATE, *names.POLICY_ENTROPY_KEYS),
     curves={
@@ -78,8 +78,7 @@ LLM = Kind(
     name="llm",
     step=names.LLM_UPDATE,
     seconds=names.LLM_TRAIN_TIME,
-    headline=GREEDY_REWARD,
-    headline_label="held-out reward",
+    headlines=((GREEDY_REWARD, "held-out reward"),),
     metrics=(names.LLM_TRAIN_TIME, names.LLM_UPDATE_TIME, names.LLM_EFFECTIVE_NUM_TRAJECTORIES,
              *names.llm_eval_keys(), *names.llm_eval_keys(names.LLM_EVAL_START)),
     prefixes=(f"{names.LLM_PEAK_MEMORY}/",),

@@ -126,8 +126,9 @@ figcaption {{ font-size: 0.8em; }}
 <code>{html.escape(tracking_uri)}</code>. Mean and std over seeds (the language-model methods and
 win rates: mean and 95% confidence interval); updates are training
 iterations (RL updates for language models); per environment (or model and data set), the
-curves show every configuration of a sweep of up to four, and the best one, by final return
-(held-out reward), of a larger grid (its heatmaps show the rest). Language models: the held-out
+curves show every configuration of a sweep of up to four, and the best one, by final evaluation
+return where each configuration evaluated, else final return (held-out reward), of a larger grid
+(its heatmaps show the rest, by the same value). Language models: the held-out
 evaluation's values (eval/*, never the training samples' metrics), peak memory over updates and
 phases, seconds per RL update.</p>
 <p class="howto">{HOW_TO}</p>
