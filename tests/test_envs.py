@@ -94,8 +94,13 @@ def test_pickled_env_continues_identically(env_id):
 
 def test_unknown_env_id_is_a_clear_error():
     check_env_id("CartPole-v1")
-    with pytest.raises(ValueError, match="unknown env 'Nope-v9'.*haepo/ChainMDP-v0"):
+    with pytest.raises(ValueError, match=r"unknown env 'Nope-v9': not a .*haepo/ChainMDP-v0"):
         check_env_id("Nope-v9")
+    close = r"unknown env 'CartPol-v1' \(did you mean CartPole-v1, CartPole-v0\?\): not a "
+    with pytest.raises(ValueError, match=close):
+        check_env_id("CartPol-v1")
+    with pytest.raises(ValueError, match=r"\(did you mean haepo/ChainMDP-v0\?\)"):
+        check_env_id("haepo/ChainMdp-v0")
 
 
 def test_registered_with_ray_without_a_cluster():

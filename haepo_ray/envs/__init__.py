@@ -10,6 +10,8 @@ entry point (``gym_env_vectorize_mode="vector_entry_point"``).
 
 from __future__ import annotations
 
+import difflib
+
 import gymnasium as gym
 
 from haepo_ray.envs.bandit import GaussianBanditEnv, GaussianBanditVectorEnv
@@ -86,9 +88,10 @@ def check_env_id(env_id: str) -> None:
 
     if env_id in gym.registry or registered_env_creator(env_id) is not None:
         return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.8)
     raise ValueError(
-        f"unknown env {env_id!r}: not a registered gymnasium id or Ray Tune env "
-        f"(haepo-ray's own: {', '.join(_ENVS)})"
+        f"unknown env {env_id!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+        + f": not a registered gymnasium id or Ray Tune env (haepo-ray's own: {', '.join(_ENVS)})"
     )
 
 
