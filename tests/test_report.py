@@ -23,6 +23,8 @@ from haepo_ray.names import EVAL_EPISODE_RETURN_MEAN as EVAL_RETURN
 from haepo_ray.report import build_report
 from haepo_ray.report.aggregate import Group, group_trials
 from haepo_ray.report.figures import curve_figure, write_figures
+from haepo_ray.report.interval_cells import interval_text
+from haepo_ray.report.rl_results import RL_TITLE, rl_table
 from haepo_ray.report.runs import ITERATION, REGRET, RETURN, SECONDS, Trial
 from haepo_ray.sweep.kinds import parse_plan
 from haepo_ray.sweep.runner import run_sweep
@@ -98,6 +100,52 @@ def test_report_holds_the_aggregates_of_the_runs(store, tmp_path):
     for stem in stems:
         assert (tmp_path / f"{stem}.png").stat().st_size > 1000
         assert (tmp_path / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_rl_results_give_each_configuration_a_student_t_interval_over_its_seeds(store, tmp_path):
+    """rl_results.csv: per configuration, the mean of its two seeds' final return, return AUC and
+    final evaluation return, each with mean +- t(0.975, 1) s / sqrt(2), from the runs' MLflow rows;
+    results.md shows the same table as text, and the bandit's columns without values are left out."""
+    from mlflow.tracking import MlflowClient
+
+    uri, result = store
+    build_report(uri, ["report-bandit"], tmp_path)
+    client = MlflowClient(uri)
+    rl = pd.read_csv(tmp_path / "rl_results.csv")
+    assert len(rl) == 4 and set(rl["seeds"]) == {2}
+    assert set(rl["env"]) == {"haepo/GaussianBandit-v0 (means_seed=3, num_arms=5)"}
+    assert not any(c.startswith("success final") for c in rl)  # the bandit reports no success
+    t_975_1 = 12.706204736174705  # Student's t, 97.5% quantile, one degree of freedom
+
+    def auc(history) -> float:
+        steps, values = zip(*sorted((m.step, m.value) for m in history))
+        return float(np.trapezoid(values, steps) / (steps[-1] - steps[0]))
+
+    for _, row in rl.iterrows():
+        runs = [t for t in result.trials
+                if row["method"] == f"HAEPO (batch_size={t.values['batch_size']}, lr={t.values['lr']})"]
+        assert len(runs) == 2
+        histories = {key: [client.get_metric_history(t.run_id, key) for t in runs] for key in (RETURN, EVAL_RETURN)}
+        for column, values in (("return final", [h[-1].value for h in histories[RETURN]]),
+                               ("return AUC", [auc(h) for h in histories[RETURN]]),
+                               ("evaluation return final", [h[-1].value for h in histories[EVAL_RETURN]])):
+            half = t_975_1 * np.std(values, ddof=1) / np.sqrt(2)
+            got = [row[f"{column} {part}"] for part in ("mean", "CI low", "CI high", "n", "CI by")]
+            assert got == [pytest.approx(np.mean(values)), pytest.approx(np.mean(values) - half),
+                           pytest.approx(np.mean(values) + half), 2, "t"], column
+    text = (tmp_path / "results.md").read_text().split(RL_TITLE + ":\n\n", 1)[1].split("\n\n")[0]
+    assert text.count("\n") == 1 + len(rl) and " [" in text and "(seed t)" not in text
+
+
+def test_one_seed_has_no_interval_and_three_have_the_t_interval():
+    groups = group_trials([_trial([1, 2], [0.0, r], [1.0, 2.0], config={"lr": lr})
+                           for lr, finals in ((0.1, (1.0, 2.0, 3.0)), (0.2, (5.0,))) for r in finals])
+    three, one = rl_table(groups).itertuples(index=False)
+    assert (three.method, three.seeds, one.method, one.seeds) == ("HAEPO (lr=0.1)", 3, "HAEPO (lr=0.2)", 1)
+    half = 4.302652729911275 / np.sqrt(3)  # t(0.975, 2) * s / sqrt(3), s = 1
+    assert (three[4].mean, three[4].low, three[4].high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
+    assert one[4].mean == 5.0 and np.isnan(one[4].low) and interval_text(one[4]) == "5 (n=1, no interval)"
+    assert list(rl_table(groups)) == ["experiment", "env", "method", "seeds", "return final", "return AUC"]
 
 
 def _trial(steps: list[int], returns: list[float], seconds: list[float], *, experiment: str = "e",
@@ -370,7 +418,7 @@ def test_a_seed_repeated_by_a_newer_sweep_counts_once(tmp_path, capsys):
     assert title in (tmp_path / "out" / "index.html").read_text()
     assert cli.main(["report", "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert title in out and "results.csv, repeats.csv, results.md" in out
+    assert title in out and "results.csv, rl_results.csv, repeats.csv, results.md" in out
 
     build_report(_status_store(tmp_path), ["status"], tmp_path / "out")
     assert not (tmp_path / "out" / "repeats.csv").exists() and (tmp_path / "out" / "unfinished.csv").exists()

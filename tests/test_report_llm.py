@@ -30,6 +30,7 @@ from haepo_ray.report.aggregate import group_trials, results_table
 from haepo_ray.report.figures import write_figures
 from haepo_ray.report.kinds import LLM, memory_phase
 from haepo_ray.report.llm_results import METHODS_TITLE
+from haepo_ray.report.rl_results import RL_TITLE
 from haepo_ray.report.optimised import OPTIMISED_TITLE
 from haepo_ray.report.runs import Trial
 
@@ -256,10 +257,11 @@ def test_a_report_of_both_kinds_shows_a_table_each(store, tmp_path):
     assert (rl["algorithm"], rl["return mean"], rl["s / 100 updates"]) == ("PPO", 1.0, 200.0)
     assert np.isnan(rl["reward mean"]) and pd.isna(rl["model"])
     tables = (tmp_path / "results.md").read_text().split("\n\n")
-    assert len(tables) == 9 and "return mean" in tables[0] and "reward mean" not in tables[0]
-    assert tables[1] == LLM.caption and tables[7] == "Provenance (code, machine, libraries):"
-    assert tables[3] == f"{METHODS_TITLE}:"  # no generations here: no win rates, no verdicts
-    assert tables[5] == f"{OPTIMISED_TITLE}:"
+    assert len(tables) == 11 and "return mean" in tables[0] and "reward mean" not in tables[0]
+    assert tables[1] == LLM.caption and tables[9] == "Provenance (code, machine, libraries):"
+    assert tables[3] == f"{RL_TITLE}:" and "rl-next-door" in tables[4] and "ROUGE" not in tables[4]
+    assert tables[5] == f"{METHODS_TITLE}:"  # no generations here: no win rates, no verdicts
+    assert tables[7] == f"{OPTIMISED_TITLE}:"
     assert "reward mean" in tables[2] and "return mean" not in tables[2]
     assert {f.section for f in report.figures} == {"tiny on aclsum", "haepo/ChainMDP-v0"}
     printed = to_text(table).split("\n\n")

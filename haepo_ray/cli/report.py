@@ -15,8 +15,9 @@ def add_parser(subparsers) -> None:
         "report", help="turn sweeps in MLflow into figures, tables and an HTML page",
         description="Read the trials of sweeps from MLflow, aggregate them over seeds and write "
                     "figures (PNG, SVG), results.csv/.md and index.html, its charts interactive and offline "
-                    "(plotly.min.js beside it: the folder is the page); for language "
-                    "models also each method's held-out results with 95% confidence intervals over seeds and prompts "
+                    "(plotly.min.js beside it: the folder is the page); for RL, each configuration's results "
+                    "with 95% confidence intervals over seeds (rl_results.csv); for language "
+                    "models each method's held-out results with 95% confidence intervals over seeds and prompts "
                     "and its win rates against the others (llm_results.csv, win_rates.csv).")
     add_experiment(report, "an MLflow experiment (a sweep's name; repeatable; default: all)", repeat=True)
     report.add_argument("--out", default=str(Path(".haepo") / "report"), metavar="DIR",

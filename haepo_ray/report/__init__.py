@@ -11,6 +11,9 @@ over seeds (:mod:`~haepo_ray.report.aggregate`), and writes to ``out``:
   the held-out evaluation (``eval/*``) and never of the training samples
   (:data:`~haepo_ray.report.kinds.LLM`); ``results.md``, the printed tables and the page show
   each kind as its own table, under its caption, the CSV holds both;
+- for RL groups, ``rl_results.csv``: per configuration, the final return, its area under the
+  curve, the evaluation return, regret and success as a mean and its 95% Student-t confidence
+  interval over seeds (:mod:`~haepo_ray.report.rl_results`), in every output too;
 - for language-model groups, ``llm_results.csv`` and ``win_rates.csv``: per method (an
   algorithm and configuration), the held-out results' mean and 95% confidence interval over
   seeds and held-out prompts, and its win rates against the other methods on the held-out prompts
@@ -44,11 +47,13 @@ import pandas as pd
 
 from haepo_ray.report.aggregate import Group, by_kind, group_trials, results_table
 from haepo_ray.report.figures import Figure, write_figures
-from haepo_ray.report.llm_results import METHODS_TITLE, methods_table, numbers, texts, win_rate_matrices, win_rates
+from haepo_ray.report.interval_cells import numbers, texts
+from haepo_ray.report.llm_results import METHODS_TITLE, methods_table, win_rate_matrices, win_rates
 from haepo_ray.report.optimised import OPTIMISED_TITLE, VERDICTS_TITLE, optimisation_table, verdicts
 from haepo_ray.report.page import caption, render_html, write_plotly
 from haepo_ray.report.provenance import (ProvenanceError, check_commit, mixed_code_versions, mixed_settings,
                                          provenance_table)
+from haepo_ray.report.rl_results import RL_TITLE, rl_table
 from haepo_ray.report.runs import load_trials
 from haepo_ray.report.sft_start import start_groups
 from haepo_ray.report.status import aggregated, newest_per_seed, repeats_table, unfinished_table
@@ -70,6 +75,7 @@ class Report:
     warnings: list[str]  # mixed code versions, uncommitted changes, seeds of one configuration with mixed settings
     include_unfinished: bool = False
     repeats: pd.DataFrame = field(default_factory=pd.DataFrame)  # seeds repeated by a newer trial (:func:`repeats_table`)
+    rl: pd.DataFrame = field(default_factory=pd.DataFrame)  # RL: intervals over seeds (:func:`rl_table`)
     methods: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`methods_table`)
     win_rates: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`win_rates`)
     optimised: pd.DataFrame = field(default_factory=pd.DataFrame)  # language models (:func:`optimisation_table`)
@@ -77,11 +83,13 @@ class Report:
 
     @property
     def extras(self) -> list[tuple[str, pd.DataFrame]]:
-        """The tables after the results, with their titles: the language-model methods and
-        their win rates (where there are some), the trials that did not finish (when some did
-        not), the repeated seeds (when a sweep repeated some), the provenance."""
+        """The tables after the results, with their titles: the RL configurations' intervals and
+        the language-model methods and their win rates (where there are some), the trials that
+        did not finish (when some did not), the repeated seeds (when a sweep repeated some), the
+        provenance."""
         how = "included in" if self.include_unfinished else "left out of"
-        extras = [(METHODS_TITLE, texts(self.methods)), *win_rate_matrices(self.win_rates),
+        extras = [(RL_TITLE, texts(self.rl, mark_t=False)), (METHODS_TITLE, texts(self.methods)),
+                  *win_rate_matrices(self.win_rates),
                   (OPTIMISED_TITLE, self.optimised), (VERDICTS_TITLE, self.verdicts),
                   (f"{len(self.unfinished)} trials did not finish ({how} the aggregates)", self.unfinished),
                   (f"{len(self.repeats)} trials repeat the seed of a newer trial of their configuration (left out "
@@ -91,9 +99,11 @@ class Report:
     @property
     def listed_files(self) -> dict[str, pd.DataFrame]:
         """The CSVs of the tables that some reports have and their tables (a file is written
-        where its table is not empty): the trials listed apart and the language-model ones."""
-        return {"unfinished.csv": self.unfinished, "repeats.csv": self.repeats, "llm_results.csv": self.methods,
-                "win_rates.csv": self.win_rates, "optimised.csv": self.optimised, "verdicts.csv": self.verdicts}
+        where its table is not empty): the RL intervals, the trials listed apart and the
+        language-model tables."""
+        return {"rl_results.csv": self.rl, "unfinished.csv": self.unfinished, "repeats.csv": self.repeats,
+                "llm_results.csv": self.methods, "win_rates.csv": self.win_rates, "optimised.csv": self.optimised,
+                "verdicts.csv": self.verdicts}
 
     @property
     def index(self) -> Path:
@@ -125,7 +135,7 @@ def build_report(tracking_uri: str, experiments: Iterable[str] | None, out: str 
     figures = write_figures(groups, out)
     rates = win_rates(groups)
     report = Report(out, table, groups, figures, unfinished, provenance, warnings, include_unfinished,
-                    repeats_table(repeats), methods_table(groups), rates, optimisation_table(groups),
+                    repeats_table(repeats), rl_table(groups), methods_table(groups), rates, optimisation_table(groups),
                     verdicts(groups, rates))
     for name, part in report.listed_files.items():
         (out / name).unlink(missing_ok=True)  # never a previous report's

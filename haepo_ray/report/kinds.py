@@ -61,6 +61,9 @@ RL = Kind(
     table=((("return", names.EPISODE_RETURN_MEAN, LAST), ("evaluation return", names.EVAL_EPISODE_RETURN_MEAN, LAST),
             ("regret/step", names.REGRET_PER_STEP, LAST),
             ("success", names.SUCCESS_RATE, LAST), ("entropy", ENTROPY, LAST))),
+    intervals=(("return final", names.EPISODE_RETURN_MEAN, LAST), ("return AUC", names.EPISODE_RETURN_MEAN, AUC),
+               ("evaluation return final", names.EVAL_EPISODE_RETURN_MEAN, LAST),
+               ("regret/step final", names.REGRET_PER_STEP, LAST), ("success final", names.SUCCESS_RATE, LAST)),
 )
 
 # The paper's language-model metrics (Sec. "LLM TL;DR"), all but time and memory from the held-out

@@ -24,8 +24,8 @@ trial has no per-prompt value of a metric (no generations, or written before tha
 column of its method falls back to the Student-t over seed means
 (:func:`~haepo_ray.report.stats.mean_ci`), marked ``(seed t)``.
 
-Tables hold :class:`~haepo_ray.report.stats.Interval` cells: :func:`numbers` spreads them into
-columns for the CSVs, :func:`texts` writes them as ``mean [low, high]`` for the pages.
+Tables hold :class:`~haepo_ray.report.stats.Interval` cells (:mod:`~haepo_ray.report.interval_cells`
+writes them for the CSVs and the pages).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from haepo_ray.report.kinds import (
     AUC, EXACT_KL, GREEDY_REWARD, GREEDY_ROUGE_2, GREEDY_ROUGE_L, GREEDY_SEMANTIC_SIMILARITY, LAST, LLM, TAIL,
     TAIL_STEPS)
 from haepo_ray.report.runs import method_name
-from haepo_ray.report.stats import CONFIDENCE, T, Interval, bootstrap_ci, mean_ci, wins
+from haepo_ray.report.interval_cells import CI, texts
+from haepo_ray.report.stats import Interval, bootstrap_ci, mean_ci, wins
 
-CI = f"{CONFIDENCE:.0%} CI"
 UNBOUNDED = (-math.inf, math.inf)
 # The held-out metrics (MLflow keys) with a value per prompt in generations.jsonl: their record
 # key there and their range.
@@ -162,38 +162,6 @@ def win_rates(groups: list[Group]) -> pd.DataFrame:
                         rows.append({**ours.trials[0].subject, "judge": judge, "method": label[id(ours)],
                                      "opponent": label[id(theirs)], "win rate": rate})
     return pd.DataFrame(rows)
-
-
-def interval_text(value: Interval) -> str:
-    """``0.5 [0.25, 0.75]`` (4 significant digits; ``(seed t)`` after a Student-t one),
-    ``0.5 (n=1, no interval)``, or empty without a value."""
-    if value.n == 0:
-        return ""
-    if value.n == 1:
-        return f"{value.mean:.4g} (n=1, no interval)"
-    return f"{value.mean:.4g} [{value.low:.4g}, {value.high:.4g}]" + (" (seed t)" if value.how == T else "")
-
-
-def _interval_columns(table: pd.DataFrame) -> list[str]:
-    return [c for c in table if len(table) and isinstance(table[c].iloc[0], Interval)]
-
-
-def numbers(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with each :class:`Interval` column ``c`` as columns ``c mean``, ``c CI low``,
-    ``c CI high``, ``c n`` (the seeds with a value) and ``c CI by`` (``bootstrap`` or ``t``)."""
-    out = table.copy()
-    parts = (("mean", "mean"), ("CI low", "low"), ("CI high", "high"), ("n", "n"), ("CI by", "how"))
-    for column in _interval_columns(table):
-        at = out.columns.get_loc(column)
-        values = out.pop(column)
-        for i, (part, field) in enumerate(parts):
-            out.insert(at + i, f"{column} {part}", [getattr(v, field) for v in values])
-    return out
-
-
-def texts(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with each :class:`Interval` written by :func:`interval_text`."""
-    return table.assign(**{c: table[c].map(interval_text) for c in _interval_columns(table)})
 
 
 def win_rate_matrices(rates: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:

@@ -26,7 +26,8 @@ import pandas as pd
 from haepo_ray import names
 from haepo_ray.report.aggregate import Group
 from haepo_ray.report.generations import JUDGES
-from haepo_ray.report.llm_results import interval_text, llm_sections, section_labels
+from haepo_ray.report.interval_cells import interval_text
+from haepo_ray.report.llm_results import llm_sections, section_labels
 from haepo_ray.report.sft_start import SFT_START
 
 __all__ = ["METRICS", "OPTIMISED_TITLE", "VERDICTS_TITLE", "optimisation_table", "optimised", "trained_on",

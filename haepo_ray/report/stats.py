@@ -1,7 +1,7 @@
-"""The statistics of the language-model results (:mod:`~haepo_ray.report.llm_results`), each a
-pure function of plain numbers: the mean and its Student-t confidence interval over seeds, the
-mean over seeds and prompts and its bootstrap interval over both, the area under an evaluation
-curve, and win rates of paired scores.
+"""The statistics of the RL and language-model results (:mod:`~haepo_ray.report.rl_results`,
+:mod:`~haepo_ray.report.llm_results`), each a pure function of plain numbers: the mean and its
+Student-t confidence interval over seeds, the mean over seeds and prompts and its bootstrap
+interval over both, the area under a curve, and win rates of paired scores.
 
 The t quantile is SciPy's (``scipy.stats.t``).
 """
