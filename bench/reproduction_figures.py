@@ -20,6 +20,8 @@ Definitions:
   at >= 0.95 ("held"), the updates after the first that fall below 0.95, the final success;
 - window means (newsvendor): the mean over seeds and over the iterations of a window of the
   mean profit of each iteration's episodes;
+- mean [95% CI] (chain MDP, newsvendor): the mean over seeds and its Student-t interval over
+  the seeds' values (``haepo_ray.report.stats.mean_ci``, as ``haepo report``'s rl_results);
 - solved (CartPole): the mean return of the last 100 episodes >= 475, recombined from the
   iterations' means and episode counts as ``bench/cartpole_vs_ppo.py`` does; time to solve is
   the trial's ``time_total_s`` at the end of the first iteration that meets it.
@@ -44,6 +46,7 @@ from haepo_ray import names  # noqa: E402
 from haepo_ray.report.aggregate import group_trials  # noqa: E402
 from haepo_ray.report.provenance import COLUMNS, _distinct  # noqa: E402
 from haepo_ray.report.runs import RETURN, SECONDS, SUCCESS, Trial, load_trials  # noqa: E402
+from haepo_ray.report.stats import mean_ci  # noqa: E402
 
 EXPERIMENTS = {
     "chain_mdp": ("haepo",),
@@ -94,12 +97,18 @@ def provenance(uris: dict[str, str], sweeps: dict[str, list[Trial]], times: dict
     return "\n".join(rows)
 
 
+def _ci(values: list[float]) -> str:
+    """``0.78 [0.24, 1.32]``: the mean over seeds and its 95% Student-t interval, to 2 decimals."""
+    ci = mean_ci(values)
+    return f"{ci.mean:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+
+
 def _series(trial: Trial, metric: str):
     return trial.curves[metric].dropna() if metric in trial.curves else None
 
 
 def chain_mdp(trials: list[Trial]) -> str:
-    rows = ["| normalisation | final return per seed | mean +- std | first update with return 1, per seed |",
+    rows = ["| normalisation | final return per seed | mean [95% CI] | first update with return 1, per seed |",
             "|---|---|---|---|"]
     for g in group_trials(trials):
         ts = sorted(g.trials, key=lambda t: int(t.seed))
@@ -110,7 +119,7 @@ def chain_mdp(trials: list[Trial]) -> str:
             hit = r[r >= 1.0 - 1e-9]
             first.append(str(int(hit.index[0])) if len(hit) else "never")
         rows.append(f"| {g.config_label} | {', '.join(f'{x:.2f}' for x in finals)} "
-                    f"| {np.mean(finals):.2f} +- {np.std(finals):.2f} | {', '.join(first)} |")
+                    f"| {_ci(finals)} | {', '.join(first)} |")
     return "\n".join(rows)
 
 
@@ -140,15 +149,15 @@ WINDOWS = ((1, 20), (41, 60), (181, 200))
 
 def newsvendor(trials: list[Trial]) -> str:
     head = " | ".join(f"updates {a}-{b}" for a, b in WINDOWS)
-    rows = [f"| normalisation | {head} | final return, mean +- std over seeds |",
+    rows = [f"| normalisation | {head} | final return |",
             "|---|" + "---|" * (len(WINDOWS) + 1)]
     for g in group_trials(trials):
         cells = []
         for a, b in WINDOWS:
             values = [float(_series(t, RETURN).loc[a:b].mean()) for t in g.trials]
-            cells.append(f"{np.mean(values):.2f} (+-{np.std(values):.2f})")
+            cells.append(_ci(values))
         finals = [float(_series(t, RETURN).iloc[-1]) for t in g.trials]
-        rows.append(f"| {g.config_label} | {' | '.join(cells)} | {np.mean(finals):.2f} +- {np.std(finals):.2f} |")
+        rows.append(f"| {g.config_label} | {' | '.join(cells)} | {_ci(finals)} |")
     return "\n".join(rows)
 
 
