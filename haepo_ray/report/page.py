@@ -123,8 +123,8 @@ figcaption {{ font-size: 0.8em; }}
 <body>
 <h1>haepo-ray report</h1>
 <p>{len(report.groups)} configurations, {sum(len(g.trials) for g in report.groups)} trials from
-<code>{html.escape(tracking_uri)}</code>. Mean and std over seeds (the language-model methods and
-win rates: mean and 95% confidence interval); updates are training
+<code>{html.escape(tracking_uri)}</code>. Mean and std over seeds (the RL configurations' and the
+language-model methods' tables and win rates: mean and 95% confidence interval); updates are training
 iterations (RL updates for language models); per environment (or model and data set), the
 curves show every configuration of a sweep of up to four, and the best one, by final evaluation
 return where each configuration evaluated, else final return (held-out reward), of a larger grid
