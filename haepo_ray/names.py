@@ -114,6 +114,7 @@ BEST_RUN_ID = "haepo.best_run_id"
 CODE_VERSION = "haepo.code.version"  # the installed haepo-ray version
 CODE_COMMIT = "haepo.code.commit"  # git commit of the checkout, where it is one
 CODE_DIRTY = "haepo.code.dirty"  # "true": tracked files differ from that commit
+CODE_CHANGED = "haepo.code.changed"  # where dirty: which tracked files differ (provenance.changed_files)
 CODE_PATCHES = "haepo.code.patches"  # the process's HAEPO_PATCHES setting ("all" when unset)
 MACHINE_CPUS = "haepo.machine.cpus"
 MACHINE_CPU = "haepo.machine.cpu"  # the CPU model

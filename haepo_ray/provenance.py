@@ -5,8 +5,9 @@ its own, each trial reports the provenance of the process that trains it with it
 (:data:`~haepo_ray.names.PROVENANCE`), and the tracking callback tags the trial's run with it.
 
 - Code: the git commit of the checkout ``haepo_ray`` is imported from, and whether its tracked
-  files differ from that commit (``dirty``); always the installed package version too. An
-  install outside a git checkout (a wheel, a Ray runtime environment) has no commit.
+  files differ from that commit (``dirty``) and which (``changed``: notes edited beside a sweep
+  are not code that changed); always the installed package version too. An install outside a
+  git checkout (a wheel, a Ray runtime environment) has no commit.
 - Machine: CPU count and model, total memory, and the GPUs visible to the process (CUDA, as
   PyTorch sees them: a Ray worker sees only the GPUs Ray gave it).
 - Versions: Ray, RLlib (which ships inside Ray, so it is Ray's), PyTorch, MLflow, Python.
@@ -54,9 +55,27 @@ def code_version() -> dict[str, str]:
         git("ls-files", "--error-unmatch", "__init__.py")  # this checkout tracks the package
         tags[names.CODE_COMMIT] = git("rev-parse", "HEAD")
         tags[names.CODE_DIRTY] = str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
+        if tags[names.CODE_DIRTY] == "true":  # paths from the checkout's root
+            tags[names.CODE_CHANGED] = changed_files(git("diff", "--name-only", "HEAD").splitlines())
     except (OSError, subprocess.SubprocessError):
         pass  # no git, or not a checkout of haepo-ray: the package version stands alone
     return tags
+
+
+CHANGED_SHOWN = 20  # changed files a tag names; MLflow keeps 8,000 characters of a tag
+
+
+def changed_files(paths: Iterable[str]) -> str:
+    """``a.py, docs/b.md``: the first :data:`CHANGED_SHOWN` of ``paths``, sorted, then
+    ``+N more`` (:func:`changed_paths` reads it back)."""
+    paths = sorted(set(paths))
+    more = [f"+{len(paths) - CHANGED_SHOWN} more"] if len(paths) > CHANGED_SHOWN else []
+    return ", ".join(paths[:CHANGED_SHOWN] + more)
+
+
+def changed_paths(tag: str) -> list[str]:
+    """The paths a :func:`changed_files` tag names (without its ``+N more``)."""
+    return [p for p in tag.split(", ") if p and not p.startswith("+")]
 
 
 def machine() -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 from helpers import sqlite_store
 
 from haepo_ray import cli, names
-from haepo_ray.provenance import provenance
+from haepo_ray.provenance import changed_files, changed_paths, provenance
 from haepo_ray.report import build_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +39,8 @@ def test_this_process_knows_its_commit_machine_and_libraries():
     tags = provenance()
     assert tags[names.CODE_COMMIT] == git("rev-parse", "HEAD")
     assert tags[names.CODE_DIRTY] == str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
+    changed = git("diff", "--name-only", "HEAD").splitlines()
+    assert tags.get(names.CODE_CHANGED) == (changed_files(changed) if tags[names.CODE_DIRTY] == "true" else None)
     assert tags[names.CODE_VERSION] == importlib.metadata.version("haepo-ray")
     assert tags[names.MACHINE_CPUS] == str(os.cpu_count())
     assert float(tags[names.MACHINE_MEMORY_GB]) == pytest.approx(psutil.virtual_memory().total / 2**30, abs=0.1)
@@ -56,7 +58,40 @@ def test_outside_a_git_checkout_the_package_version_stands_alone(tmp_path):
     assert json.loads(out) == {names.CODE_VERSION: "0.1.0"}
 
 
-def _store(root: Path, commits: list[str], experiment: str = "prov", dirty: str = "false") -> str:
+def test_a_dirty_checkout_names_the_tracked_files_that_differ(tmp_path):
+    """A checkout of the package with an edited tracked note, a staged edit and an untracked
+    file: dirty, and the two tracked files named from the checkout's root; clean again, no
+    list. 25 changed files name 20, then how many more."""
+    shutil.copytree(REPO / "haepo_ray", tmp_path / "haepo_ray", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "notes.md").write_text("v1\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("v1\n")
+
+    def run(*args: str) -> str:
+        return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    run("git", "init", "-q")
+    run("git", "add", ".")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    code = "import json, haepo_ray.provenance as p; print(json.dumps(p.code_version()))"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def tags() -> dict:
+        return json.loads(subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "haepo_ray", env=env,
+                                         capture_output=True, text=True, check=True).stdout)
+
+    assert tags()[names.CODE_DIRTY] == "false" and names.CODE_CHANGED not in tags()
+    (tmp_path / "notes.md").write_text("v2\n")
+    (tmp_path / "docs" / "a.md").write_text("v2\n")
+    run("git", "add", "docs/a.md")
+    (tmp_path / "untracked.md").write_text("not tracked\n")
+    assert (tags()[names.CODE_DIRTY], tags()[names.CODE_CHANGED]) == ("true", "docs/a.md, notes.md")
+    many = changed_files(f"f{i:02d}.py" for i in range(25))
+    assert many.endswith("f19.py, +5 more") and changed_paths(many) == [f"f{i:02d}.py" for i in range(20)]
+
+
+def _store(root: Path, commits: list[str], experiment: str = "prov", dirty: str = "false",
+           changed: str | None = None) -> str:
     """A store of one finished trial per commit (seeds 0, 1, ...), one configuration."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
@@ -71,6 +106,9 @@ def _store(root: Path, commits: list[str], experiment: str = "prov", dirty: str 
         tags = {"mlflow.parentRunId": parent, "haepo.role": "trial", "haepo.algorithm": "HAEPO",
                 "haepo.env": "haepo/ChainMDP-v0", "haepo.search_values": json.dumps({"lr": 0.1, "seed": seed}),
                 **provenance(), names.CODE_COMMIT: commit, names.CODE_DIRTY: dirty}
+        tags.pop(names.CODE_CHANGED, None)
+        if changed:
+            tags[names.CODE_CHANGED] = changed
         run = client.create_run(exp_id, tags=tags).info.run_id
         client.log_batch(run, metrics=[Metric(names.EPISODE_RETURN_MEAN, 1.0, 0, 1),
                                        Metric(names.TIME_TOTAL_S, 1.0, 0, 1)])
@@ -112,7 +150,12 @@ def test_a_report_refuses_runs_of_another_commit_than_required(tmp_path, capsys)
     dirty = _store(tmp_path / "dirty", [head], dirty="true")
     report = build_report(dirty, ["prov"], tmp_path / "d", require_commit=head[:7])
     assert report.warnings == [f"1 of 1 runs were made from commit {head[:7]} with uncommitted changes: "
-                               "the code they ran is not that commit"]
+                               "what they ran may not be that commit"]
+    (tmp_path / "noted").mkdir()
+    noted = _store(tmp_path / "noted", [head, head], dirty="true", changed="REPRODUCTION.md, bench/x.md")
+    report = build_report(noted, ["prov"], tmp_path / "n", require_commit=head[:7])
+    assert report.warnings == [f"2 of 2 runs were made from commit {head[:7]} with uncommitted changes (to "
+                               "REPRODUCTION.md, bench/x.md): what they ran may not be that commit"]
 
 
 def test_reproduce_sh_refuses_runs_made_by_another_commit(tmp_path):

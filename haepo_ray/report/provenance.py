@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 import pandas as pd
 
 from haepo_ray import names
+from haepo_ray.provenance import changed_files, changed_paths
 from haepo_ray.report.aggregate import Group
 from haepo_ray.report.runs import Trial
 
@@ -113,6 +114,8 @@ def check_commit(trials: list[Trial], commit: str) -> list[str]:
             "re-run them with this checkout, or report them without requiring its commit")
     dirty = [t for t in trials if t.provenance.get(names.CODE_DIRTY) == "true"]
     if dirty:
+        changed = changed_files(p for t in dirty for p in changed_paths(t.provenance.get(names.CODE_CHANGED, "")))
+        where = f" (to {changed})" if changed else ""
         return [f"{len(dirty)} of {len(trials)} runs were made from commit {commit[:12]} with uncommitted "
-                "changes: the code they ran is not that commit"]
+                f"changes{where}: what they ran may not be that commit"]
     return []
