@@ -54,9 +54,10 @@ def code_version() -> dict[str, str]:
     try:
         git("ls-files", "--error-unmatch", "__init__.py")  # this checkout tracks the package
         tags[names.CODE_COMMIT] = git("rev-parse", "HEAD")
-        tags[names.CODE_DIRTY] = str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
-        if tags[names.CODE_DIRTY] == "true":  # paths from the checkout's root
-            tags[names.CODE_CHANGED] = changed_files(git("diff", "--name-only", "HEAD").splitlines())
+        changed = git("diff", "--name-only", "HEAD").splitlines()  # tracked files, staged or not, from the root
+        tags[names.CODE_DIRTY] = str(bool(changed)).lower()
+        if changed:
+            tags[names.CODE_CHANGED] = changed_files(changed)
     except (OSError, subprocess.SubprocessError):
         pass  # no git, or not a checkout of haepo-ray: the package version stands alone
     return tags
