@@ -86,7 +86,7 @@ def test_a_state_of_another_run_is_refused_before_anything_is_written(ray_sessio
 
     moved = tmp_path / "moved" / a.name  # a run folder moved whole keeps its name: Tune follows it
     shutil.copytree(a, moved)
-    refuse_a_foreign_state(str(moved), a.name)
+    refuse_a_foreign_state(str(moved), a.name, tune_restore.newest_state_file(str(moved)))
 
 
 def test_a_resume_with_a_changed_spec_is_refused_naming_the_changes(ray_session, tmp_path, monkeypatch):
@@ -184,8 +184,9 @@ def test_keep_one_checkpoint_killed_while_the_state_names_a_deleted_one(ray_sess
 
     def names_a_deleted_checkpoint() -> bool:
         for run_dir in results.glob("keep1/*"):
-            found = tune_restore.newest_state(str(run_dir))
-            if found and any(t.checkpoint and not Path(t.checkpoint).exists() for t in found[1]):
+            state = tune_restore.newest_state_file(str(run_dir))
+            trials = tune_restore.state_trials(str(run_dir), state) if state else None
+            if trials and any(t.checkpoint and not Path(t.checkpoint).exists() for t in trials):
                 return True
         return False
 

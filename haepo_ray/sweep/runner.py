@@ -164,15 +164,14 @@ def _restored_tuner(run_dir: str, trainable: str, param_space: dict, callbacks: 
     return tuner
 
 
-def refuse_a_foreign_state(run_dir: str, name: str) -> None:
-    """Raises :class:`SweepError` when the experiment state a resume of ``run_dir`` (named
-    ``name``) would restore holds trials of another experiment folder: Tune would move their
-    checkpoints' paths into ``run_dir``, where they are not, and fail or restart each trial.
-    A folder moved whole keeps its name, and Tune follows it."""
-    found = tune_restore.newest_state(run_dir)
-    if found is None:
+def refuse_a_foreign_state(run_dir: str, name: str, state: str) -> None:
+    """Raises :class:`SweepError` when ``state``, the experiment state a resume of ``run_dir``
+    (named ``name``) would restore, holds trials of another experiment folder: Tune would move
+    their checkpoints' paths into ``run_dir``, where they are not, and fail or restart each
+    trial. A folder moved whole keeps its name, and Tune follows it."""
+    trials = tune_restore.state_trials(run_dir, state)
+    if trials is None:
         return
-    state, trials = found
     foreign = sorted({t.experiment_folder for t in trials if t.experiment_name != name})
     if foreign:
         raise SweepError(
@@ -318,11 +317,12 @@ def run_sweep(
             raise SweepError(f"nothing to resume under {root}: no sweep there that Ray Tune "
                              "can restore (run it without --resume)")
         name = run_dir.rstrip("/").rsplit("/", 1)[-1]
-        if tune_restore.newest_state_file(run_dir) is None:  # Tune's restore would fail, after Ray's start
+        state = tune_restore.newest_state_file(run_dir)
+        if state is None:  # Tune's restore would fail, after Ray's start
             raise SweepError(f"cannot resume {run_dir}: Ray Tune saved no state of that sweep (it was stopped "
                              "before its first save), so there is nothing to continue: run it anew without --resume")
         refuse_a_changed_spec(run_dir, spec)
-        refuse_a_foreign_state(run_dir, name)
+        refuse_a_foreign_state(run_dir, name, state)
     checked_trials(plan)  # a trial whose config is wrong, refused before any starts
     started_ray = init_ray(spec, address)
     callback = None

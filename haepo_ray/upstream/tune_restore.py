@@ -1,6 +1,6 @@
 """A resume of a Tune run, patched where Ray Tune 2.60 lost trials' work or restarted them (the
 private names are declared in :mod:`haepo_ray.upstream.tune`'s ``INTERNALS``), and the experiment
-state it restores, read (:func:`newest_state`).
+state it restores, read (:func:`newest_state_file`, :func:`state_trials`).
 
 *A trial restores from a checkpoint that exists* (required:
 :data:`~haepo_ray.upstream.tune.CHECKPOINTS_THAT_EXIST`,
@@ -139,19 +139,17 @@ def newest_state_file(run_dir: str) -> str | None:
     return _find_newest_experiment_checkpoint(path, fs=fs)
 
 
-def newest_state(run_dir: str) -> tuple[str, list[StateTrial]] | None:
-    """:func:`newest_state_file` and the trials it holds; None when there is none or it does
-    not parse (the resume's restore then says why)."""
+def state_trials(run_dir: str, state_file: str) -> list[StateTrial] | None:
+    """The trials the experiment-state file ``state_file`` of the run folder ``run_dir`` (a path
+    or URI; the file as :func:`newest_state_file` names it) holds; None when it does not parse
+    (the resume's restore then says why)."""
     import pyarrow.fs
     from ray.tune.experiment import Trial
 
-    newest = newest_state_file(run_dir)
-    if newest is None:
-        return None
     fs, _ = pyarrow.fs.FileSystem.from_uri(run_dir)
     trials = []
     try:
-        with fs.open_input_stream(newest) as f:
+        with fs.open_input_stream(state_file) as f:
             state = json.loads(f.readall())
         for trial_state, metadata in state["trial_data"]:
             trial = Trial.from_json_state(trial_state, stub=True)
@@ -161,4 +159,4 @@ def newest_state(run_dir: str) -> tuple[str, list[StateTrial]] | None:
                                      checkpoint.path if checkpoint else None))
     except Exception:  # noqa: BLE001 - cut short, or not Tune's: Tune's own restore says what
         return None
-    return newest, trials
+    return trials
