@@ -113,8 +113,8 @@ BEST_RUN_ID = "haepo.best_run_id"
 # Provenance (haepo_ray.provenance): on every run, the parent's of the driver, a child's of its trial.
 CODE_VERSION = "haepo.code.version"  # the installed haepo-ray version
 CODE_COMMIT = "haepo.code.commit"  # git commit of the checkout, where it is one
-CODE_DIRTY = "haepo.code.dirty"  # "true": tracked files differ from that commit
-CODE_CHANGED = "haepo.code.changed"  # where dirty: which tracked files differ (provenance.changed_files)
+CODE_DIRTY = "haepo.code.dirty"  # "true": tracked files differ from that commit, or the package has untracked ones
+CODE_CHANGED = "haepo.code.changed"  # where dirty: which (provenance.changed_files)
 CODE_PATCHES = "haepo.code.patches"  # the process's HAEPO_PATCHES setting ("all" when unset)
 MACHINE_CPUS = "haepo.machine.cpus"
 MACHINE_CPU = "haepo.machine.cpu"  # the CPU model

@@ -5,7 +5,8 @@ its own, each trial reports the provenance of the process that trains it with it
 (:data:`~haepo_ray.names.PROVENANCE`), and the tracking callback tags the trial's run with it.
 
 - Code: the git commit of the checkout ``haepo_ray`` is imported from, and whether its tracked
-  files differ from that commit (``dirty``) and which (``changed``: notes edited beside a sweep
+  files differ from that commit or the package folder holds files git does not track (a new
+  module a run may import) (``dirty``), and which (``changed``: notes edited beside a sweep
   are not code that changed); always the installed package version too. An install outside a
   git checkout (a wheel, a Ray runtime environment) has no commit.
 - Machine: CPU count and model, total memory, and the GPUs visible to the process (CUDA, as
@@ -40,7 +41,8 @@ def _version(distribution: str) -> str:
 
 
 def code_version() -> dict[str, str]:
-    """The package version, and the git commit and dirty flag where the package is a git checkout."""
+    """The package version, and where the package is a git checkout its commit, dirty flag and
+    changed files (module docstring)."""
     tags = {names.CODE_VERSION: _version("haepo-ray")}
     package = Path(__file__).resolve().parent
 
@@ -55,6 +57,8 @@ def code_version() -> dict[str, str]:
         git("ls-files", "--error-unmatch", "__init__.py")  # this checkout tracks the package
         tags[names.CODE_COMMIT] = git("rev-parse", "HEAD")
         changed = git("diff", "--name-only", "HEAD").splitlines()  # tracked files, staged or not, from the root
+        # and the package's files git does not track (nor ignores): a new module a run may import
+        changed += git("ls-files", "--others", "--exclude-standard", "--full-name").splitlines()
         tags[names.CODE_DIRTY] = str(bool(changed)).lower()
         if changed:
             tags[names.CODE_CHANGED] = changed_files(changed)

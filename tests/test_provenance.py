@@ -38,8 +38,10 @@ def test_this_process_knows_its_commit_machine_and_libraries():
 
     tags = provenance()
     assert tags[names.CODE_COMMIT] == git("rev-parse", "HEAD")
-    assert tags[names.CODE_DIRTY] == str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
     changed = git("diff", "--name-only", "HEAD").splitlines()
+    changed += git("ls-files", "--others", "--exclude-standard", "--full-name", "haepo_ray").splitlines()
+    tracked_or_new = git("status", "--porcelain", "--untracked-files=no") or git("status", "--porcelain", "haepo_ray")
+    assert tags[names.CODE_DIRTY] == str(bool(tracked_or_new)).lower()
     assert tags.get(names.CODE_CHANGED) == (changed_files(changed) if tags[names.CODE_DIRTY] == "true" else None)
     assert tags[names.CODE_VERSION] == importlib.metadata.version("haepo-ray")
     assert tags[names.MACHINE_CPUS] == str(os.cpu_count())
@@ -60,8 +62,9 @@ def test_outside_a_git_checkout_the_package_version_stands_alone(tmp_path):
 
 def test_a_dirty_checkout_names_the_tracked_files_that_differ(tmp_path):
     """A checkout of the package with an edited tracked note, a staged edit and an untracked
-    file: dirty, and the two tracked files named from the checkout's root; clean again, no
-    list. 25 changed files name 20, then how many more."""
+    file: dirty, and the two tracked files named from the checkout's root; a new module in the
+    package (untracked) named too, an ignored one not. 25 changed files name 20, then how many
+    more."""
     shutil.copytree(REPO / "haepo_ray", tmp_path / "haepo_ray", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "notes.md").write_text("v1\n")
     (tmp_path / "docs").mkdir()
@@ -86,6 +89,11 @@ def test_a_dirty_checkout_names_the_tracked_files_that_differ(tmp_path):
     run("git", "add", "docs/a.md")
     (tmp_path / "untracked.md").write_text("not tracked\n")
     assert (tags()[names.CODE_DIRTY], tags()[names.CODE_CHANGED]) == ("true", "docs/a.md, notes.md")
+    run("git", "checkout", "-q", "HEAD", "--", ".")  # tracked files clean again; new ones at the root stay unnamed
+    (tmp_path / "haepo_ray" / "extra.py").write_text("X = 1\n")
+    (tmp_path / ".gitignore").write_text("ignored.py\n")
+    (tmp_path / "haepo_ray" / "ignored.py").write_text("Y = 1\n")
+    assert (tags()[names.CODE_DIRTY], tags()[names.CODE_CHANGED]) == ("true", "haepo_ray/extra.py")
     many = changed_files(f"f{i:02d}.py" for i in range(25))
     assert many.endswith("f19.py, +5 more") and changed_paths(many) == [f"f{i:02d}.py" for i in range(20)]
 
