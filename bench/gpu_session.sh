@@ -4,6 +4,7 @@
 #
 #   bench/gpu_session.sh prepare           # here, at the repository root, ../shared beside it
 #   bash bench/gpu_session.sh run OUT [S]  # there, as the device command, .whl and .gpu carried
+#   bench/gpu_session.sh calls             # the two device calls (prepare ends with them)
 #
 # prepare: the wheelhouse in .whl (../shared/gpu/build-wheelhouse.sh, PYVER default 3.12); in
 #   .gpu the LM assets (bench/gpu_assets.py pack), the LM metrics' wheels at requirements/gpu.txt's
@@ -25,6 +26,17 @@
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel 2>/dev/null || dirname "$(dirname "$(readlink -f "$0")")")" || exit 1
 LIMIT_BYTES=$((64 * 1024 * 1024))
+# The session's device calls: the LM rows after decoding, then the RL rows on the warm machine
+FIRST_CALL='ROWS="lm_refused lm_packed ray_gpu_assignment" bash bench/gpu_session.sh run $OUT 420'
+SECOND_CALL='DECODE_S=0 ROWS="rl_learners rl_iteration_time loss_cuda_vs_cpu ray_gpu_assignment"'\
+' bash bench/gpu_session.sh run $OUT 240'
+
+calls() {
+  echo 'device call (run): carry [".whl", ".gpu"], timeout_s 450, command:'
+  echo "  $FIRST_CALL"
+  echo 'then, within 30 s on the warm machine (timeout_s 270):'
+  echo "  $SECOND_CALL"
+}
 
 prepare() {
   set -e
@@ -46,10 +58,7 @@ prepare() {
     echo "over the device's limit: ignore or carry less" >&2
     return 1
   fi
-  echo 'device call (run): carry [".whl", ".gpu"], timeout_s 450, command:'
-  echo '  ROWS="lm_refused lm_packed ray_gpu_assignment" bash bench/gpu_session.sh run $OUT 420'
-  echo 'then, on the warm machine: DECODE_S=0 ROWS="rl_learners rl_iteration_time loss_cuda_vs_cpu' \
-    'ray_gpu_assignment" bash bench/gpu_session.sh run $OUT 240'
+  calls
 }
 
 run() {
@@ -87,5 +96,6 @@ run() {
 case ${1:-} in
   prepare) prepare ;;
   run) shift && run "$@" ;;
-  *) sed -n '2,6p' "$0" >&2 && exit 2 ;;
+  calls) calls ;;
+  *) sed -n '2,7p' "$0" >&2 && exit 2 ;;
 esac
