@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 
 import pytest
 
@@ -34,8 +36,13 @@ def _no_simulation(monkeypatch) -> None:
 
 
 def test_a_stored_simulation_is_the_simulation(cache, monkeypatch):
-    first = estimate(SETTINGS, prompt_tokens=16)
+    old_umask = os.umask(0o022)  # a cache others may read: rw-r--r--, as the umask gives any new file
+    try:
+        first = estimate(SETTINGS, prompt_tokens=16)
+    finally:
+        os.umask(old_umask)
     (path,) = cache.iterdir()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
     _no_simulation(monkeypatch)
     assert estimate(SETTINGS, prompt_tokens=16) == first
     assert estimate(dataclasses.replace(SETTINGS, seed=7, lr=1e-3), prompt_tokens=16) == first  # no memory field

@@ -7,18 +7,20 @@ A simulation of a 0.5B-1.5B model's step takes 9-18 s of one CPU core, and witho
 by a hash of everything its simulation depends on (:func:`simulation_key`): the trial's memory
 key, the prompt length, the workers, the target, the model's config, the source of the
 ``haepo_ray`` package and the versions of torch, transformers and peft. A change of any of them
-is a miss, never a stale hit. A file is written whole, under a temporary name, then renamed; one
+is a miss, never a stale hit. A file is written whole, under a temporary name, then renamed, with
+the mode the umask gives a new file (a cache shared by a cluster's users is read by all); one
 that cannot be read is simulated again; a folder that cannot be written is left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -81,14 +83,13 @@ def stored_simulation(name: str, simulate: Callable[[], StepEstimate]) -> StepEs
     except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none yet, or not one this code wrote
         pass
     est = simulate()
-    written = None
+    written = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")  # tempfile's would be mode 0600
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{name}.", delete=False) as f:
-            written = Path(f.name)
+        with written.open("x") as f:
             json.dump(dataclasses.asdict(est), f)
         os.replace(written, path)
     except OSError:  # a read-only home, a full disk: the next process simulates again
-        if written is not None:
-            written.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not made (no folder), or made and left by a full disk
+            written.unlink()
     return est
