@@ -6,8 +6,9 @@ in its favour, the more so the more settings it beat. For each spec of the exper
 this script reads the sweep from the MLflow store ``bench/reproduce.sh`` filled, picks its best
 setting, runs that setting alone on new seeds (a spec ``<name>_heldout`` in
 ``REPRO_DIR/heldout/``: the spec with the setting fixed and only the seed searched) into the
-same store, and prints a Markdown table: the selection's mean [95% CI] over its seeds beside
-the held-out seeds' (Student-t, :func:`haepo_ray.report.stats.mean_ci`).
+same store (its output in ``<name>_heldout.log`` there), and prints a Markdown table: the
+selection's mean [95% CI] over its seeds beside the held-out seeds' (Student-t,
+:func:`haepo_ray.report.stats.mean_ci`).
 
     python bench/held_out_best.py bandit_k10 bandit_k20 bandit_k30          # regret, seeds 5-9
     python bench/held_out_best.py cartpole --metric return --seeds 10 11 12
@@ -71,8 +72,11 @@ def run_held_out(path: Path, uri: str, repro_dir: Path, metric: str, seeds: list
         held_path = repro_dir / "heldout" / f"{held['name']}.yaml"
         held_path.parent.mkdir(parents=True, exist_ok=True)
         held_path.write_text(yaml.safe_dump(held, sort_keys=False))
-        subprocess.run([haepo, "sweep", str(held_path), "--tracking-uri", uri, "--storage-path",
-                        str(repro_dir / "ray_results"), "--quiet"], check=True)
+        print(f"running {held_path} (its output: {held_path.with_suffix('.log')})", file=sys.stderr, flush=True)
+        with held_path.with_suffix(".log").open("w") as log:
+            subprocess.run([haepo, "sweep", str(held_path), "--tracking-uri", uri, "--storage-path",
+                            str(repro_dir / "ray_results"), "--quiet"], stdout=log, stderr=subprocess.STDOUT,
+                           check=True)
         trials = load_trials(uri, [held["name"]])
     key = METRICS[metric][0]
     (again,) = group_trials(trials)
