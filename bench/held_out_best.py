@@ -11,10 +11,12 @@ selection's mean [95% CI] over its seeds beside the held-out seeds' (Student-t,
 :func:`haepo_ray.report.stats.mean_ci`).
 
     python bench/held_out_best.py bandit_k10 bandit_k20 bandit_k30          # regret, seeds 5-9
-    python bench/held_out_best.py cartpole --metric return --seeds 10 11 12
+    python bench/held_out_best.py cartpole_haepo --metric return --seeds 5 6 7 8 9 10 11 12 13 14
 
-A held-out sweep already in the store is read, not run again. A spec with one setting (only
-seeds searched) selected nothing and is left out.
+An argument is an experiment (its specs ``tune_configs/paper/<experiment>_*.yaml``) or one spec
+(``tune_configs/paper/<spec>.yaml``). A spec with one setting (only seeds searched) selected
+nothing: its held-out sweep is that setting on more seeds. A held-out sweep already in the
+store is read, not run again.
 """
 
 from __future__ import annotations
@@ -59,11 +61,9 @@ def held_out_spec(spec: dict, setting: dict, seeds: list[int]) -> dict:
 
 
 def run_held_out(path: Path, uri: str, repro_dir: Path, metric: str, seeds: list[int], haepo: str) -> str:
-    """One table row for the spec at ``path`` (empty when it searched one setting)."""
+    """One table row for the spec at ``path``."""
     spec = yaml.safe_load(path.read_text())
     groups = group_trials(load_trials(uri, [spec["name"]]))
-    if len(groups) < 2:
-        return ""
     best = best_group(groups, metric)
     held = held_out_spec(spec, best.config, seeds)
     try:
@@ -81,14 +81,15 @@ def run_held_out(path: Path, uri: str, repro_dir: Path, metric: str, seeds: list
     key = METRICS[metric][0]
     (again,) = group_trials(trials)
     chosen_seeds = sorted(int(t.seed) for t in best.trials)
-    return (f"| {spec['name']} | {best.config_label} | {len(groups)} "
+    return (f"| {spec['name']} | {best.config_label or '(its one setting)'} | {len(groups)} "
             f"| {interval_text(mean_ci(best.final(key)), mark_t=False)} (seeds {chosen_seeds[0]}-{chosen_seeds[-1]}) "
             f"| {interval_text(mean_ci(again.final(key)), mark_t=False)} (seeds {seeds[0]}-{seeds[-1]}) |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("experiment", nargs="+", help="e.g. bandit_k10: its specs tune_configs/paper/<experiment>_*.yaml")
+    parser.add_argument("experiment", nargs="+", help="e.g. bandit_k10 (its specs tune_configs/paper/"
+                        "<experiment>_*.yaml) or cartpole_haepo (one spec)")
     parser.add_argument("--metric", choices=tuple(METRICS), default="regret", help="what picks the best setting: "
                         "the lowest mean final regret per step, or the highest mean final return")
     parser.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9], help="the held-out seeds")
@@ -100,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [f"| spec | best setting | settings compared | final {args.metric}, those seeds [95% CI] "
             f"| final {args.metric}, held-out seeds [95% CI] |", "|---|---|---|---|---|"]
     for experiment in args.experiment:
-        specs = sorted((REPO / "tune_configs" / "paper").glob(f"{experiment}_*.yaml"))
+        paper = REPO / "tune_configs" / "paper"
+        specs = [paper / f"{experiment}.yaml"] if (paper / f"{experiment}.yaml").is_file() else sorted(
+            paper.glob(f"{experiment}_*.yaml"))
         if not specs:
-            parser.error(f"no specs tune_configs/paper/{experiment}_*.yaml")
+            parser.error(f"no spec tune_configs/paper/{experiment}.yaml, nor specs {experiment}_*.yaml")
         rows += [row for path in specs if (row := run_held_out(path, uri, args.repro_dir, args.metric,
                                                                   sorted(args.seeds), args.haepo))]
     print("\n".join(rows))

@@ -1,5 +1,6 @@
-"""bench/held_out_best.py: the held-out spec of a paper sweep trains exactly the chosen setting,
-on other seeds. (Its sweeps and table: REPRODUCTION.md, the bandit.)"""
+"""bench/held_out_best.py: the held-out spec of a paper sweep trains exactly the chosen setting
+(a spec of one setting: that setting), on other seeds. (Its sweeps and tables: REPRODUCTION.md,
+the bandit and CartPole.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ SELECTING = sorted(p for p in PAPER.glob("*.yaml")  # the specs that search more
                    if set(yaml.safe_load(p.read_text()).get("search_space", {})) - {"seed"})
 
 
-CHECKED = [PAPER / f"{name}.yaml" for name in ("bandit_k10_dpo", "bandit_k10_haepo", "bandit_k10_ppo", "chain_mdp_haepo")]
+CHECKED = [PAPER / f"{name}.yaml"  # one of each algorithm, a string setting, a spec of one setting
+           for name in ("bandit_k10_dpo", "bandit_k10_haepo", "bandit_k10_ppo", "chain_mdp_haepo", "cartpole_haepo")]
 
 
 def test_the_specs_that_search_settings_are_the_bandits_and_the_normalisation_comparisons():
