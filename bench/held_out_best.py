@@ -81,7 +81,8 @@ def run_held_out(path: Path, uri: str, repro_dir: Path, metric: str, seeds: list
     key = METRICS[metric][0]
     (again,) = group_trials(trials)
     chosen_seeds = sorted(int(t.seed) for t in best.trials)
-    return (f"| {spec['name']} | {best.config_label or '(its one setting)'} | {len(groups)} "
+    setting = best.config_label if len(groups) > 1 else "(its one setting)"
+    return (f"| {spec['name']} | {setting} | {len(groups)} "
             f"| {interval_text(mean_ci(best.final(key)), mark_t=False)} (seeds {chosen_seeds[0]}-{chosen_seeds[-1]}) "
             f"| {interval_text(mean_ci(again.final(key)), mark_t=False)} (seeds {seeds[0]}-{seeds[-1]}) |")
 

@@ -24,15 +24,20 @@ Definitions:
   the seeds' values (``haepo_ray.report.stats.mean_ci``, as ``haepo report``'s rl_results);
 - solved (CartPole): the mean return of the last 100 episodes >= 475, recombined from the
   iterations' means and episode counts as ``bench/cartpole_vs_ppo.py`` does; time to solve is
-  the trial's ``time_total_s`` at the end of the first iteration that meets it.
+  the trial's ``time_total_s`` at the end of the first iteration that meets it. A spec's
+  held-out sweep (``<spec>_heldout``, ``bench/held_out_best.py``: more seeds) is a row of its
+  own, and the fraction of all its seeds that solved gets a 95% Wilson score interval
+  (:func:`wilson_ci`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -41,12 +46,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from cartpole_vs_ppo import last_episodes_mean  # noqa: E402
+from held_out_best import HELD_OUT  # noqa: E402
 
 from haepo_ray import names  # noqa: E402
 from haepo_ray.report.aggregate import group_trials  # noqa: E402
 from haepo_ray.report.provenance import COLUMNS, _distinct  # noqa: E402
 from haepo_ray.report.runs import RETURN, SECONDS, SUCCESS, Trial, load_trials  # noqa: E402
-from haepo_ray.report.stats import mean_ci  # noqa: E402
+from haepo_ray.report.stats import CONFIDENCE, mean_ci  # noqa: E402
 
 EXPERIMENTS = {
     "chain_mdp": ("haepo",),
@@ -67,15 +73,16 @@ def _utc(ms: int | None) -> str:
 
 
 def load(uri: str, out: dict[str, list[Trial]], uris: dict[str, str]) -> None:
-    """Adds the sweeps of ``EXPERIMENTS`` found at ``uri`` to ``out`` (and their store to ``uris``)."""
+    """Adds the sweeps of ``EXPERIMENTS`` found at ``uri``, and their held-out sweeps
+    (``<name>_heldout``), to ``out`` (and their store to ``uris``)."""
     for experiment, algos in EXPERIMENTS.items():
         for algo in algos:
-            name = f"{experiment}_{algo}"
-            try:
-                out[name] = load_trials(uri, [name])
-                uris[name] = uri
-            except LookupError:
-                pass
+            for name in (f"{experiment}_{algo}", f"{experiment}_{algo}{HELD_OUT}"):
+                try:
+                    out[name] = load_trials(uri, [name])
+                    uris[name] = uri
+                except LookupError:
+                    pass
 
 
 def provenance(uris: dict[str, str], sweeps: dict[str, list[Trial]], times: dict[str, list[str]]) -> str:
@@ -95,6 +102,16 @@ def provenance(uris: dict[str, str], sweeps: dict[str, list[Trial]], times: dict
             f"{_distinct(trials, COLUMNS['torch'])} | {_utc(start)} - {_utc(end)[-5:]} "
             f"| {wall[2] if wall else '?'} | {f'{wall[4]} / {wall[5]}' if wall and len(wall) > 5 else '?'} |")
     return "\n".join(rows)
+
+
+def wilson_ci(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The Wilson score interval of a proportion, ``successes`` of ``n`` (two-sided
+    ``confidence``): unlike the normal one, inside [0, 1] and not empty at 0 or n."""
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    p, scale = successes / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / scale
+    half = z / scale * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _ci(values: list[float]) -> str:
@@ -162,36 +179,60 @@ def newsvendor(trials: list[Trial]) -> str:
 
 
 def cartpole(uris: dict[str, str], sweeps: dict[str, list[Trial]], target: float = 475.0, window: int = 100) -> str:
-    from mlflow.tracking import MlflowClient
-
-    rows = ["| spec | seeds solved | time to solve (s), per seed | env steps to solve, per seed "
-            "| updates | last-100-episode mean at the end, per seed |", "|---|---|---|---|---|---|"]
+    rows = ["| spec | seeds | seeds solved | time to solve (s), per seed | env steps to solve, per seed "
+            "| updates | last-100-episode mean at the end, per seed |", "|---|---|---|---|---|---|---|"]
+    ends_of: dict[str, list[float | None]] = {}  # spec -> each seed's end (None: solved), sweep and held-out
+    solved_of: dict[str, int] = {}
     for name in ("cartpole_haepo", "cartpole_haepo_noreg", "cartpole_ppo", "cartpole_ppo_tuned"):
         if name not in sweeps:
             rows.append(f"| {name} | not run |")
-            continue
-        client = MlflowClient(tracking_uri=uris[name])
-        times, steps, ends, updates = [], [], [], []
-        for t in sorted(sweeps[name], key=lambda t: int(t.seed)):
-            episodes = {m.step: m.value for m in client.get_metric_history(t.run_id, names.EPISODES)}
-            returns, seconds = _series(t, RETURN), _series(t, SECONDS)
-            env_steps = _series(t, names.ENV_STEPS)
-            iters, solved, last = [], None, None
-            for step in sorted(episodes):
-                value = returns.get(step) if returns is not None else None
-                iters.append({"episodes": int(episodes[step]),
-                              "return_mean": None if value is None or value != value else float(value)})
-                last = last_episodes_mean(iters, window)
-                if solved is None and last is not None and last >= target:
-                    solved = step
-            times.append(f"{seconds[solved]:.0f}" if solved is not None else "-")
-            steps.append(f"{int(env_steps[solved]):,}" if solved is not None else "-")
-            ends.append(f"{last:.0f}" if last is not None else "-")
-            updates.append(int(max(episodes)) if episodes else 0)
-        n_solved = sum(x != "-" for x in times)
-        rows.append(f"| {name} | {n_solved} / {len(times)} | {', '.join(times)} | {', '.join(steps)} "
-                    f"| {min(updates)}-{max(updates)} | {', '.join(ends)} |")
-    return "\n".join(rows)
+        for sweep in (name, name + HELD_OUT):
+            if sweep in sweeps:
+                row, solved, ends = _cartpole_row(sweep, sweeps[sweep], uris[sweep], target, window)
+                rows.append(row)
+                solved_of[name] = solved_of.get(name, 0) + solved
+                ends_of.setdefault(name, []).extend(ends)
+    totals = ["| spec | seeds solved, all its seeds | fraction [95% Wilson interval] "
+              "| last-100-episode mean at the end, all its seeds [95% CI] |", "|---|---|---|---|"]
+    for name, ends in ends_of.items():
+        solved, n = solved_of[name], len(ends)
+        low, high = wilson_ci(solved, n)
+        last = mean_ci([np.nan if e is None else e for e in ends])
+        totals.append(f"| {name} | {solved} / {n} | {solved / n:.2f} [{low:.2f}, {high:.2f}] "
+                      f"| {last.mean:.0f} [{last.low:.0f}, {last.high:.0f}] |")
+    return "\n".join(rows) + "\n\n" + "\n".join(totals)
+
+
+def _cartpole_row(sweep: str, trials: list[Trial], uri: str, target: float,
+                  window: int) -> tuple[str, int, list[float | None]]:
+    """The table row of one CartPole sweep, how many of its seeds solved, and each seed's
+    last-``window``-episode mean at the end (None: no episode)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    trials = sorted(trials, key=lambda t: int(t.seed))
+    times, steps, ends, updates, lasts = [], [], [], [], []
+    for t in trials:
+        episodes = {m.step: m.value for m in client.get_metric_history(t.run_id, names.EPISODES)}
+        returns, seconds = _series(t, RETURN), _series(t, SECONDS)
+        env_steps = _series(t, names.ENV_STEPS)
+        iters, solved, last = [], None, None
+        for step in sorted(episodes):
+            value = returns.get(step) if returns is not None else None
+            iters.append({"episodes": int(episodes[step]),
+                          "return_mean": None if value is None or value != value else float(value)})
+            last = last_episodes_mean(iters, window)
+            if solved is None and last is not None and last >= target:
+                solved = step
+        times.append(f"{seconds[solved]:.0f}" if solved is not None else "-")
+        steps.append(f"{int(env_steps[solved]):,}" if solved is not None else "-")
+        ends.append(f"{last:.0f}" if last is not None else "-")
+        lasts.append(last)
+        updates.append(int(max(episodes)) if episodes else 0)
+    n_solved = sum(x != "-" for x in times)
+    seeds = f"{trials[0].seed}-{trials[-1].seed}"
+    return (f"| {sweep} | {seeds} | {n_solved} / {len(times)} | {', '.join(times)} | {', '.join(steps)} "
+            f"| {min(updates)}-{max(updates)} | {', '.join(ends)} |", n_solved, lasts)
 
 
 def per_100_updates(sweeps: dict[str, list[Trial]]) -> str:
