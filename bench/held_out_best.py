@@ -61,10 +61,17 @@ def held_out_spec(spec: dict, setting: dict, seeds: list[int]) -> dict:
 
 
 def run_held_out(path: Path, uri: str, repro_dir: Path, metric: str, seeds: list[int], haepo: str) -> str:
-    """One table row for the spec at ``path``."""
+    """One table row for the spec at ``path``; a SystemExit that says why where there is none."""
     spec = yaml.safe_load(path.read_text())
-    groups = group_trials(load_trials(uri, [spec["name"]]))
+    try:
+        groups = group_trials(load_trials(uri, [spec["name"]]))
+    except LookupError:
+        raise SystemExit(f"no sweep {spec['name']} in {uri}: run bench/reproduce.sh first") from None
     best = best_group(groups, metric)
+    chosen_seeds = sorted(int(t.seed) for t in best.trials)
+    if set(chosen_seeds) & set(seeds):
+        raise SystemExit(f"{spec['name']}: seeds {sorted(set(chosen_seeds) & set(seeds))} picked the best setting: "
+                         "they are not held out")
     held = held_out_spec(spec, best.config, seeds)
     try:
         trials = load_trials(uri, [held["name"]])
@@ -78,9 +85,12 @@ def run_held_out(path: Path, uri: str, repro_dir: Path, metric: str, seeds: list
                             str(repro_dir / "ray_results"), "--quiet"], stdout=log, stderr=subprocess.STDOUT,
                            check=True)
         trials = load_trials(uri, [held["name"]])
+    ran = sorted(int(t.seed) for t in trials)
+    if ran != seeds:
+        raise SystemExit(f"{held['name']} in {uri} ran seeds {ran}, not {seeds}: ask for those, or "
+                         "delete that experiment to run it again")
     key = METRICS[metric][0]
     (again,) = group_trials(trials)
-    chosen_seeds = sorted(int(t.seed) for t in best.trials)
     setting = best.config_label if len(groups) > 1 else "(its one setting)"
     return (f"| {spec['name']} | {setting} | {len(groups)} "
             f"| {interval_text(mean_ci(best.final(key)), mark_t=False)} (seeds {chosen_seeds[0]}-{chosen_seeds[-1]}) "
@@ -96,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9], help="the held-out seeds")
     parser.add_argument("--repro-dir", type=Path, default=REPO / ".haepo" / "reproduction",
                         help="bench/reproduce.sh's REPRO_DIR: its mlflow.db is read and added to")
-    parser.add_argument("--haepo", default=str(REPO / ".venv" / "bin" / "haepo"))
+    parser.add_argument("--haepo", default=str(REPO / ".venv" / "bin" / "haepo"),
+                        help="the haepo command that runs the held-out sweeps (default: %(default)s)")
     args = parser.parse_args(argv)
     uri = f"sqlite:///{args.repro_dir.resolve() / 'mlflow.db'}"
     rows = [f"| spec | best setting | settings compared | final {args.metric}, those seeds [95% CI] "
@@ -107,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             paper.glob(f"{experiment}_*.yaml"))
         if not specs:
             parser.error(f"no spec tune_configs/paper/{experiment}.yaml, nor specs {experiment}_*.yaml")
-        rows += [row for path in specs if (row := run_held_out(path, uri, args.repro_dir, args.metric,
-                                                                  sorted(args.seeds), args.haepo))]
+        rows += [run_held_out(path, uri, args.repro_dir, args.metric, sorted(args.seeds), args.haepo)
+                 for path in specs]
     print("\n".join(rows))
     return 0
 

@@ -4,12 +4,14 @@ the bandit and CartPole.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import bench_module
+from helpers import bench_module, sqlite_store
 
+from haepo_ray import names
 from haepo_ray.sweep.kinds import parse_plan
 
 PAPER = Path(__file__).resolve().parents[1] / "tune_configs" / "paper"
@@ -46,3 +48,39 @@ def test_a_setting_the_spec_does_not_search_is_refused():
     spec = yaml.safe_load(SELECTING[0].read_text())
     with pytest.raises(ValueError, match=r"bandit_k10_dpo: \['gamma'\] are not in its search_space"):
         held_out.held_out_spec(spec, {"gamma": 0.9}, [5])
+
+
+def _sweep(uri: str, experiment: str, trials: list[tuple[dict, float]]) -> None:
+    """An MLflow experiment of finished trials: (search values, final regret) each."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.create_experiment(experiment)
+    parent = client.create_run(exp, tags={names.ROLE: "sweep"}).info.run_id
+    for values, regret in trials:
+        run = client.create_run(exp, tags={"mlflow.parentRunId": parent, names.ROLE: "trial",
+                                           names.ALGORITHM: "HAEPO", names.ENV: "haepo/GaussianBandit-v0",
+                                           names.SEARCH_VALUES: json.dumps(values)}).info.run_id
+        client.log_batch(run, metrics=[Metric(names.REGRET_PER_STEP, regret, 0, 1),
+                                       Metric(names.TIME_TOTAL_S, 1.0, 0, 1)])
+        client.set_terminated(run)
+
+
+def test_a_missing_sweep_seeds_that_are_not_held_out_and_a_stored_run_of_other_seeds_are_refused(tmp_path):
+    held_out = bench_module("held_out_best")
+    path = PAPER / "bandit_k10_haepo.yaml"
+    uri = sqlite_store(tmp_path / "mlflow.db")
+    run = lambda seeds: held_out.run_held_out(path, uri, tmp_path, "regret", seeds, "no-haepo-here")  # noqa: E731
+    with pytest.raises(SystemExit, match=f"no sweep bandit_k10_haepo in {uri}: run bench/reproduce.sh first"):
+        run([5, 6])
+    _sweep(uri, "bandit_k10_haepo", [({"lr": lr, "batch_size": 8, "seed": seed}, regret)
+                                     for lr, regret in ((0.001, 0.3), (0.005, 0.1)) for seed in (0, 1)])
+    with pytest.raises(SystemExit, match=r"seeds \[1\] picked the best setting: they are not held out"):
+        run([1, 2])
+    _sweep(uri, "bandit_k10_haepo_heldout", [({"seed": 5}, 0.2)])
+    with pytest.raises(SystemExit, match=r"ran seeds \[5\], not \[5, 6\]"):
+        run([5, 6])
+    row = run([5])  # read from the store: nothing runs (no haepo command to run it with)
+    assert row == ("| bandit_k10_haepo | batch_size=8, lr=0.005 | 2 | 0.1 [0.1, 0.1] (seeds 0-1) "
+                   "| 0.2 (n=1, no interval) (seeds 5-5) |")
