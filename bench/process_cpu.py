@@ -7,8 +7,10 @@ Runs the command with a ``sitecustomize`` module first on ``PYTHONPATH``. Every 
 the command starts imports it, Ray's workers and daemons included (they inherit the
 environment), and it writes the process's CPU seconds and title to a file of its own every
 half second, from a thread that a test's patched ``time.sleep`` does not reach, and once more
-at a normal exit. At the end the script prints the CPU-s by kind beside the machine's busy
-CPU-s over the run (``/proc/stat``) and writes both to OUT.json. Processes that are not Python
+at a normal exit: each sample whole (written aside, then renamed), the exit's last (not
+overwritten by an older one the thread took before it). At the end the script prints the CPU-s
+by kind beside the machine's busy CPU-s over the run (``/proc/stat``) and writes both to
+OUT.json. Processes that are not Python
 (Ray's raylet and GCS, PostgreSQL, Chromium, Prometheus) or not started afresh (forked) are in
 the machine's figure only; a process killed (or ended by ``os._exit``) loses at most its last
 half second. A ``sitecustomize`` of the interpreter's own is shadowed.
@@ -33,23 +35,34 @@ from time import sleep as _sleep
 
 _PATH = os.path.join(os.environ["PROCESS_CPU_DIR"], str(os.getpid()))
 _ARGV = " ".join(" ".join(sys.argv).split())[:300]
+_PID = os.getpid()  # a forked child inherits the exit hook, not the thread: it writes nothing
+_LOCK = threading.Lock()
+_ENDED = []  # the exit's sample is written: the thread's later ones (older numbers) are not
 
-def _sample():
-    try:
-        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
-            title = " ".join(f.read().replace(b"\\0", b" ").decode(errors="replace").split())[:300]
-        t = os.times()
-        with open(_PATH, "w") as f:
-            f.write(f"{t.user + t.system:.2f}\\t{title}\\t{_ARGV}\\n")
-    except Exception:
-        pass
+def _sample(final=False):
+    if os.getpid() != _PID:
+        return
+    with _LOCK:
+        if _ENDED:
+            return
+        if final:
+            _ENDED.append(True)
+        try:
+            with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+                title = " ".join(f.read().replace(b"\\0", b" ").decode(errors="replace").split())[:300]
+            t = os.times()
+            with open(_PATH + ".tmp", "w") as f:
+                f.write(f"{t.user + t.system:.2f}\\t{title}\\t{_ARGV}\\n")
+            os.replace(_PATH + ".tmp", _PATH)  # whole, even if the process is killed mid-write
+        except Exception:
+            pass
 
 def _probe():
     while True:
         _sample()
         _sleep(0.5)
 
-atexit.register(_sample)
+atexit.register(_sample, True)
 threading.Thread(target=_probe, name="process_cpu", daemon=True).start()
 '''
 
@@ -103,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         busy, wall = busy_seconds() - busy, time.monotonic() - start
         by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
         for sample in samples.iterdir():
+            if sample.suffix == ".tmp":  # a process killed while it wrote: its last whole sample is beside it
+                continue
             fields = sample.read_text().rstrip("\n").split("\t")
             if len(fields) == 3:
                 row = by_kind[kind(fields[1], fields[2])]

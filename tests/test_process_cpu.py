@@ -49,6 +49,20 @@ def test_a_child_and_its_child_are_counted_with_their_cpu(tmp_path):
     assert "machine busy" in proc.stdout and "other: python" in proc.stdout
 
 
+def test_a_forked_child_that_exits_last_leaves_its_parents_sample(tmp_path):
+    """A forked child inherits the probe's exit hook (not its thread) and its file name: its
+    exit, after the parent's, wrote its own near-zero CPU over the parent's 1 s."""
+    parent = tmp_path / "parent.py"
+    parent.write_text("import os, sys, time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
+                      "if os.fork() == 0:\n    time.sleep(0.5)\n    sys.exit(0)\n")
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), str(out), "--", "sh", "-c",
+                           f"{sys.executable} {parent} && sleep 1.5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [r for r in json.loads(out.read_text())["kinds"] if r["kind"] == "other: python"]
+    assert row["processes"] == 1 and row["cpu_s"] >= 0.8, row
+
+
 def test_a_failing_command_gives_its_exit_code(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "process_cpu.py"), str(tmp_path / "cpu.json"), "--",
                            sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
