@@ -10,9 +10,8 @@ half second, from a thread that a test's patched ``time.sleep`` does not reach, 
 at a normal exit: each sample whole (written aside, then renamed), the exit's last (not
 overwritten by an older one the thread took before it). At the end the script prints the CPU-s
 by kind beside the machine's busy CPU-s over the run (``/proc/stat``) and writes both to
-OUT.json. Processes that are not Python
-(Ray's raylet and GCS, PostgreSQL, Chromium, Prometheus) or not started afresh (forked) are in
-the machine's figure only; a process killed (or ended by ``os._exit``) loses at most its last
+OUT.json. Processes that are not Python (Ray's raylet and GCS, PostgreSQL, Chromium,
+Prometheus) or not started afresh (forked) are in the machine's figure only; a process killed (or ended by ``os._exit``) loses at most its last
 half second. A ``sitecustomize`` of the interpreter's own is shadowed.
 """
 

@@ -181,7 +181,7 @@ def newsvendor(trials: list[Trial]) -> str:
 def cartpole(uris: dict[str, str], sweeps: dict[str, list[Trial]], target: float = 475.0, window: int = 100) -> str:
     rows = ["| spec | seeds | seeds solved | time to solve (s), per seed | env steps to solve, per seed "
             "| updates | last-100-episode mean at the end, per seed |", "|---|---|---|---|---|---|---|"]
-    ends_of: dict[str, list[float | None]] = {}  # spec -> each seed's end (None: solved), sweep and held-out
+    ends_of: dict[str, list[float | None]] = {}  # spec -> each seed's end (None: no episode), sweep and held-out
     solved_of: dict[str, int] = {}
     for name in ("cartpole_haepo", "cartpole_haepo_noreg", "cartpole_ppo", "cartpole_ppo_tuned"):
         if name not in sweeps:
@@ -211,7 +211,7 @@ def _cartpole_row(sweep: str, trials: list[Trial], uri: str, target: float,
 
     client = MlflowClient(tracking_uri=uri)
     trials = sorted(trials, key=lambda t: int(t.seed))
-    times, steps, ends, updates, lasts = [], [], [], [], []
+    times, steps, updates, lasts = [], [], [], []
     for t in trials:
         episodes = {m.step: m.value for m in client.get_metric_history(t.run_id, names.EPISODES)}
         returns, seconds = _series(t, RETURN), _series(t, SECONDS)
@@ -226,13 +226,13 @@ def _cartpole_row(sweep: str, trials: list[Trial], uri: str, target: float,
                 solved = step
         times.append(f"{seconds[solved]:.0f}" if solved is not None else "-")
         steps.append(f"{int(env_steps[solved]):,}" if solved is not None else "-")
-        ends.append(f"{last:.0f}" if last is not None else "-")
         lasts.append(last)
         updates.append(int(max(episodes)) if episodes else 0)
     n_solved = sum(x != "-" for x in times)
     seeds = f"{trials[0].seed}-{trials[-1].seed}"
+    ends = ", ".join(f"{last:.0f}" if last is not None else "-" for last in lasts)
     return (f"| {sweep} | {seeds} | {n_solved} / {len(times)} | {', '.join(times)} | {', '.join(steps)} "
-            f"| {min(updates)}-{max(updates)} | {', '.join(ends)} |", n_solved, lasts)
+            f"| {min(updates)}-{max(updates)} | {ends} |", n_solved, lasts)
 
 
 def per_100_updates(sweeps: dict[str, list[Trial]]) -> str:
