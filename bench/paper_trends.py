@@ -32,6 +32,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from held_out_best import best_group  # noqa: E402
 
 from haepo_ray.report.aggregate import Group, group_trials  # noqa: E402
 from haepo_ray.report.runs import ENTROPY, REGRET, SUCCESS, Trial, load_trials  # noqa: E402
@@ -90,7 +93,7 @@ def bandit(uri: str) -> str:
             continue
         groups = group_trials(trials)
         finals = [final_mean(g, REGRET) for g in groups]
-        best = groups[int(np.nanargmin(finals))]
+        best = best_group(groups, "regret")  # the setting bench/held_out_best.py runs again
         spread = float(np.nanmean([np.nanstd(g.final(REGRET)) for g in groups]))
         rows.append(
             f"| {k} | {algo} | {entropy_fraction(trials, k, slice(0.0, 0.5)):.3f} "
