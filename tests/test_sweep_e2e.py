@@ -418,6 +418,33 @@ def test_population_based_training_mutates_lr_and_betas(ray_session, tmp_path, m
     assert changed == 1
 
 
+def _five_results(config):
+    from ray import tune
+
+    for i in range(5):
+        tune.report({"x": float(i)})
+
+
+def test_tune_asks_the_scheduler_about_each_result_but_the_stopping_one(ray_session, tmp_path):
+    """Why the spec refuses an ASHA grace_period or a PBT perturbation_interval at or above
+    stop.iterations (SweepSpec._scheduler_acts_before_stop): the scheduler never sees the
+    result that meets the stop criterion."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+
+    seen: list[int] = []
+
+    class Recording(FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            seen.append(result["training_iteration"])
+            return super().on_trial_result(tune_controller, trial, result)
+
+    tune.Tuner(_five_results, tune_config=tune.TuneConfig(scheduler=Recording()),
+               run_config=tune.RunConfig(storage_path=str(tmp_path), stop={"training_iteration": 3},
+                                         verbose=0)).fit()
+    assert seen == [1, 2]
+
+
 @pytest.mark.parametrize("compare", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["json-only", "and-the-same-results"])
 def test_trial_folders_hold_the_json_results_only_and_the_same_results(compare, ray_session, tmp_path,

@@ -290,7 +290,8 @@ def test_copies_of_one_trial_are_refused(tmp_path):
                  _spec(search_space={"lr": {"grid": [1e-3, 2e-3]}, "seed": {"randint": [0, 1000]}},
                        search={"algorithm": "random", "num_samples": 3}),
                  _spec(settings=fixed, search_space={"lr": {"grid": [1e-3, 2e-3]}}, search={"num_samples": 3},
-                       scheduler={"type": "pbt", "mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}})):
+                       scheduler={"type": "pbt", "perturbation_interval": 1,
+                                  "mutations": {"lr": {"loguniform": [1e-4, 1e-2]}}})):
         assert len(planned_trials(load_plan(_write(tmp_path, spec, "ok.yaml")))) == 6
 
 
@@ -402,7 +403,8 @@ def test_a_setting_no_trial_would_read_is_refused_judged_with_each_value_of_what
                             "often the 'lagged' reference policy is refreshed (here: reference_policy 'initial' or "
                             "'behavior'); remove reference_update_interval"), message
     message = _error(tmp_path, _spec(algorithm="GRPO", settings={"num_epochs": 1, "clip_param": 0.1},
-                                     scheduler={"type": "pbt", "mutations": {"beta_kl": {"uniform": [0.0, 0.1]}}},
+                                     scheduler={"type": "pbt", "perturbation_interval": 1,
+                                                "mutations": {"beta_kl": {"uniform": [0.0, 0.1]}}},
                                      search_space={"reference_policy": {"grid": ["behavior"]}}))
     assert [line.removeprefix(f"{tmp_path}/") for line in message.splitlines()] == [
         "bad.yaml: settings.clip_param: GRPO trials would ignore it: GRPO's ratio to the policy that sampled the batch "
@@ -422,7 +424,8 @@ def test_a_setting_no_trial_would_read_is_refused_judged_with_each_value_of_what
     parse_plan(_spec(settings={"reference_update_interval": 5},
                      search_space={"reference_policy": {"grid": ["initial", "lagged"]}}), "ok.yaml")
     parse_plan(_spec(settings={"reference_update_interval": 5, "reference_policy": "initial"},
-                     scheduler={"type": "pbt", "mutations": {"reference_policy": {"choice": ["initial", "lagged"]}}}),
+                     scheduler={"type": "pbt", "perturbation_interval": 1,
+                                "mutations": {"reference_policy": {"choice": ["initial", "lagged"]}}}),
                "pbt.yaml")
     parse_plan(_spec(settings=behavior, search={"algorithm": "random"},
                      search_space={"num_epochs": {"randint": [1, 3]}}), "ok.yaml")
@@ -496,8 +499,28 @@ def test_pbt_mutations_are_checked(tmp_path):
     assert "scheduler.mutations: required key missing" in message
     message = _error(tmp_path, _spec(scheduler={"type": "pbt", "mutations": {"lr": {"grid": [1, 2]}}}))
     assert "not grid" in message
-    message = _error(tmp_path, _spec(scheduler={"type": "pbt", "mutations": {"beta_entropy": {"choice": [1, 2]}}}))
+    message = _error(tmp_path, _spec(scheduler={"type": "pbt", "perturbation_interval": 1,
+                                                "mutations": {"beta_entropy": {"choice": [1, 2]}}}))
     assert "scheduler.mutations.beta_entropy" in message and "beta_ent" in message
+
+
+def test_a_scheduler_that_would_never_act_is_refused(tmp_path):
+    """ASHA's grace_period past its max_t (before this check, Ray's assertion failed after Ray's
+    start, its MLflow parent run left KILLED), and an ASHA or PBT whose first decision comes at
+    or after stop.iterations (Tune does not ask it about a trial's last result): refused."""
+    message = _error(tmp_path, _spec(scheduler={"type": "asha", "max_t": 2, "grace_period": 5}))
+    assert "bad.yaml: scheduler: asha's grace_period (5) must be <= max_t (2)" in message, message
+    message = _error(tmp_path, _spec(scheduler={"type": "asha", "grace_period": 2}))
+    assert ("scheduler asha would never act: it first compares trials at scheduler.grace_period (2) iterations, "
+            "and stop.iterations (2) ends every trial by then") in message, message
+    assert "lower scheduler.grace_period below 2, or raise stop.iterations" in message
+    pbt = {"type": "pbt", "mutations": {"lr": {"uniform": [0.01, 0.1]}}}  # perturbation_interval 5
+    message = _error(tmp_path, _spec(scheduler=pbt, stop={"iterations": 5}))
+    assert "scheduler pbt would never act: it first exploits at scheduler.perturbation_interval (5)" in message
+    for scheduler, stop in (({"type": "asha", "grace_period": 1}, {"iterations": 2}),
+                            ({**pbt, "perturbation_interval": 4}, {"iterations": 5}),
+                            (pbt, {"seconds": 60}), (pbt, {"iterations": 6, "seconds": 60})):
+        parse_plan(_spec(scheduler=scheduler, stop=stop), "ok.yaml")
 
 
 def test_pbt_is_asynchronous_unless_the_spec_says_synch(tmp_path):
@@ -505,7 +528,7 @@ def test_pbt_is_asynchronous_unless_the_spec_says_synch(tmp_path):
     off by default; a value that is not a boolean is named."""
     from haepo_ray.sweep.tune_setup import scheduler
 
-    pbt = {"type": "pbt", "mutations": {"lr": {"uniform": [0.01, 0.1]}}}
+    pbt = {"type": "pbt", "perturbation_interval": 1, "mutations": {"lr": {"uniform": [0.01, 0.1]}}}
     assert scheduler(parse_plan(_spec(scheduler=pbt), "a.yaml"))._synch is False
     assert scheduler(parse_plan(_spec(scheduler={**pbt, "synch": True}), "s.yaml"))._synch is True
     message = _error(tmp_path, _spec(scheduler={**pbt, "synch": "sometimes"}))

@@ -39,7 +39,10 @@ the file, the key and what is allowed. Each kind of trial adds its own keys
                                    # others reported so far; true: once every trial has
                                    # reached it, the whole population at once, trials that
                                    # wait paused: every interval exploits the lower quantile
-                                   # whatever the timing, at the cost of waiting)
+                                   # whatever the timing, at the cost of waiting). Either
+                                   # must act before stop.iterations: grace_period and
+                                   # perturbation_interval below it (Tune does not ask the
+                                   # scheduler about a trial's last result)
     metric: env_runners/episode_return_mean   # any key of the result, "/"-nested
     mode: max                      # max or min
     stop:                          # any criterion that is met stops the trial (>=)
@@ -239,6 +242,13 @@ class ASHAScheduler(SpecModel):
     grace_period: int = Field(1, ge=1)
     reduction_factor: float = Field(4.0, gt=1)
 
+    @model_validator(mode="after")
+    def _grace_within_max_t(self) -> ASHAScheduler:
+        if self.grace_period > self.max_t:
+            raise ValueError(f"asha's grace_period ({self.grace_period}) must be <= max_t ({self.max_t}): ASHA first "
+                             "compares trials at grace_period iterations, and stops each at max_t")
+        return self
+
 
 class PBTScheduler(SpecModel):
     type: Literal["pbt"]
@@ -352,6 +362,22 @@ class SweepSpec(SpecModel):
                 )
             if isinstance(self.scheduler, PBTScheduler):
                 raise ValueError("scheduler pbt needs search.algorithm grid or random, not optuna")
+        return self
+
+    @model_validator(mode="after")
+    def _scheduler_acts_before_stop(self) -> SweepSpec:
+        """ASHA first compares trials at ``grace_period`` iterations, PBT first exploits at
+        ``perturbation_interval``; Tune asks the scheduler only about results that do not stop
+        the trial, so a ``stop.iterations`` at or below that leaves it nothing to do."""
+        first = {"asha": "grace_period", "pbt": "perturbation_interval"}.get(self.scheduler.type)
+        iterations = self.stop.iterations if self.stop else None
+        if first and iterations is not None and iterations <= getattr(self.scheduler, first):
+            what = "compares trials" if self.scheduler.type == "asha" else "exploits"
+            raise ValueError(
+                f"scheduler {self.scheduler.type} would never act: it first {what} at scheduler.{first} "
+                f"({getattr(self.scheduler, first)}) iterations, and stop.iterations ({iterations}) ends every "
+                f"trial by then (Tune does not ask the scheduler about a trial's last result): lower "
+                f"scheduler.{first} below {iterations}, or raise stop.iterations")
         return self
 
     def value_combinations(self, fixed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
