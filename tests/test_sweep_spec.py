@@ -505,11 +505,14 @@ def test_pbt_mutations_are_checked(tmp_path):
 
 
 def test_a_scheduler_that_would_never_act_is_refused(tmp_path):
-    """ASHA's grace_period past its max_t (before this check, Ray's assertion failed after Ray's
-    start, its MLflow parent run left KILLED), and an ASHA or PBT whose first decision comes at
-    or after stop.iterations (Tune does not ask it about a trial's last result): refused."""
+    """ASHA's grace_period at its max_t (where ASHA stops every trial without comparing) or past
+    it (before this check, Ray's assertion failed after Ray's start, its MLflow parent run left
+    KILLED), and an ASHA or PBT whose first decision comes at or after stop.iterations (Tune does
+    not ask it about a trial's last result): refused."""
     message = _error(tmp_path, _spec(scheduler={"type": "asha", "max_t": 2, "grace_period": 5}))
-    assert "bad.yaml: scheduler: asha's grace_period (5) must be <= max_t (2)" in message, message
+    assert "bad.yaml: scheduler: asha's grace_period (5) must be below max_t (2)" in message, message
+    message = _error(tmp_path, _spec(scheduler={"type": "asha", "max_t": 2, "grace_period": 2}, stop={"iterations": 9}))
+    assert "grace_period (2) must be below max_t (2)" in message and "it would stop none early" in message
     message = _error(tmp_path, _spec(scheduler={"type": "asha", "grace_period": 2}))
     assert ("scheduler asha would never act: it first compares trials at scheduler.grace_period (2) iterations, "
             "and stop.iterations (2) ends every trial by then") in message, message
@@ -518,6 +521,7 @@ def test_a_scheduler_that_would_never_act_is_refused(tmp_path):
     message = _error(tmp_path, _spec(scheduler=pbt, stop={"iterations": 5}))
     assert "scheduler pbt would never act: it first exploits at scheduler.perturbation_interval (5)" in message
     for scheduler, stop in (({"type": "asha", "grace_period": 1}, {"iterations": 2}),
+                            ({"type": "asha", "max_t": 2, "grace_period": 1}, {"iterations": 9}),
                             ({**pbt, "perturbation_interval": 4}, {"iterations": 5}),
                             (pbt, {"seconds": 60}), (pbt, {"iterations": 6, "seconds": 60})):
         parse_plan(_spec(scheduler=scheduler, stop=stop), "ok.yaml")

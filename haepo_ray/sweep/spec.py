@@ -42,7 +42,8 @@ the file, the key and what is allowed. Each kind of trial adds its own keys
                                    # whatever the timing, at the cost of waiting). Either
                                    # must act before stop.iterations: grace_period and
                                    # perturbation_interval below it (Tune does not ask the
-                                   # scheduler about a trial's last result)
+                                   # scheduler about a trial's last result); grace_period
+                                   # also below max_t (where ASHA stops every trial)
     metric: env_runners/episode_return_mean   # any key of the result, "/"-nested
     mode: max                      # max or min
     stop:                          # any criterion that is met stops the trial (>=)
@@ -244,9 +245,10 @@ class ASHAScheduler(SpecModel):
 
     @model_validator(mode="after")
     def _grace_within_max_t(self) -> ASHAScheduler:
-        if self.grace_period > self.max_t:
-            raise ValueError(f"asha's grace_period ({self.grace_period}) must be <= max_t ({self.max_t}): ASHA first "
-                             "compares trials at grace_period iterations, and stops each at max_t")
+        if self.grace_period >= self.max_t:  # Ray refuses >; at max_t ASHA stops every trial, comparing none
+            raise ValueError(f"asha's grace_period ({self.grace_period}) must be below max_t ({self.max_t}): ASHA "
+                             "first compares trials at grace_period iterations and stops every trial at max_t, so "
+                             "it would stop none early")
         return self
 
 
