@@ -272,6 +272,9 @@ class PBTScheduler(SpecModel):
         return v
 
 
+# A scheduler's type -> the key of the iteration of its first decision, and what it then does.
+_FIRST_DECISION = {"asha": ("grace_period", "compares trials"), "pbt": ("perturbation_interval", "exploits")}
+
 Scheduler = Annotated[
     Union[FIFOScheduler, ASHAScheduler, PBTScheduler], Field(discriminator="type")
 ]
@@ -371,15 +374,17 @@ class SweepSpec(SpecModel):
         """ASHA first compares trials at ``grace_period`` iterations, PBT first exploits at
         ``perturbation_interval``; Tune asks the scheduler only about results that do not stop
         the trial, so a ``stop.iterations`` at or below that leaves it nothing to do."""
-        first = {"asha": "grace_period", "pbt": "perturbation_interval"}.get(self.scheduler.type)
+        key, what = _FIRST_DECISION.get(self.scheduler.type, (None, None))
         iterations = self.stop.iterations if self.stop else None
-        if first and iterations is not None and iterations <= getattr(self.scheduler, first):
-            what = "compares trials" if self.scheduler.type == "asha" else "exploits"
+        if key is None or iterations is None:
+            return self
+        first = getattr(self.scheduler, key)
+        if iterations <= first:
             raise ValueError(
-                f"scheduler {self.scheduler.type} would never act: it first {what} at scheduler.{first} "
-                f"({getattr(self.scheduler, first)}) iterations, and stop.iterations ({iterations}) ends every "
-                f"trial by then (Tune does not ask the scheduler about a trial's last result): lower "
-                f"scheduler.{first} below {iterations}, or raise stop.iterations")
+                f"scheduler {self.scheduler.type} would never act: it first {what} at scheduler.{key} "
+                f"({first}) iterations, and stop.iterations ({iterations}) ends every trial by then (Tune does "
+                f"not ask the scheduler about a trial's last result): lower scheduler.{key} below {iterations}, "
+                "or raise stop.iterations")
         return self
 
     def value_combinations(self, fixed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
