@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     uri = f"sqlite:///{args.repro_dir.resolve() / 'mlflow.db'}"
     rows = [f"| spec | best setting | settings compared | final {args.metric}, those seeds [95% CI] "
             f"| final {args.metric}, held-out seeds [95% CI] |", "|---|---|---|---|---|"]
+    paper = REPO / "tune_configs" / "paper"
     for experiment in args.experiment:
-        paper = REPO / "tune_configs" / "paper"
         specs = [paper / f"{experiment}.yaml"] if (paper / f"{experiment}.yaml").is_file() else sorted(
             paper.glob(f"{experiment}_*.yaml"))
         if not specs:

@@ -11,8 +11,9 @@ at a normal exit: each sample whole (written aside, then renamed), the exit's la
 overwritten by an older one the thread took before it). At the end the script prints the CPU-s
 by kind beside the machine's busy CPU-s over the run (``/proc/stat``) and writes both to
 OUT.json. Processes that are not Python (Ray's raylet and GCS, PostgreSQL, Chromium,
-Prometheus) or not started afresh (forked) are in the machine's figure only; a process killed (or ended by ``os._exit``) loses at most its last
-half second. A ``sitecustomize`` of the interpreter's own is shadowed.
+Prometheus) or not started afresh (forked) are in the machine's figure only; a process killed
+(or ended by ``os._exit``) loses at most its last half second. A ``sitecustomize`` of the
+interpreter's own is shadowed.
 """
 
 from __future__ import annotations
