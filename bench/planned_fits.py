@@ -22,7 +22,8 @@ from pathlib import Path
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.kinds import parse_plan
-from haepo_ray.sweep.spec import SpecError, load_yaml
+from haepo_ray.sweep.spec import SpecError
+from haepo_ray.sweep.spec_yaml import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("haepo", "grpo", "dpo")

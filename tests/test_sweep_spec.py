@@ -22,7 +22,8 @@ from haepo_ray.sweep.dry_run import dry_run
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, check_own_fit
 from haepo_ray.sweep.planned import planned_trials
 from haepo_ray.sweep.kinds import load_plan, parse_plan
-from haepo_ray.sweep.spec import FEW_VALUES, Dim, SpecError, SweepSpec, load_yaml
+from haepo_ray.sweep.spec import FEW_VALUES, Dim, SpecError, SweepSpec
+from haepo_ray.sweep.spec_yaml import load_yaml
 from conftest import ray_temp_dir
 from helpers import GRID_2D
 

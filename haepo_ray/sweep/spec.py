@@ -71,7 +71,7 @@ the file, the key and what is allowed. Each kind of trial adds its own keys
                                    # (default: DEFAULT_METRICS in haepo_ray.tracking); the
                                    # sweep's metric is logged too
 
-Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats.
+Numbers may be written ``1e-3`` (YAML 1.2 style): they load as floats (:mod:`~haepo_ray.sweep.spec_yaml`).
 
 :func:`haepo_ray.sweep.kinds.load_spec` parses a file and checks its structure against its
 kind's schema (pydantic); this module imports no Ray. The kind's plan then resolves the spec
@@ -83,7 +83,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
@@ -116,34 +115,6 @@ STOP_KEYS = {
 
 class SpecError(ValueError):
     """A spec that cannot be used; the message names the file, the key and what is allowed."""
-
-
-# --------------------------------------------------------------------------- YAML loading
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def load_yaml(text: str, source: str = "<spec>") -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as err:
-        raise SpecError(f"{source}: not valid YAML: {err}") from None
 
 
 # --------------------------------------------------------------------------- the models

@@ -23,8 +23,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from haepo_ray.sweep.plan_base import Plan
-from haepo_ray.sweep.spec import SpecError, SweepSpec, load_yaml
+from haepo_ray.sweep.spec import SpecError, SweepSpec
 from haepo_ray.sweep.spec_errors import format_validation_error
+from haepo_ray.sweep.spec_yaml import load_yaml
 
 __all__ = ["KINDS", "load_plan", "load_spec", "parse_plan", "parse_spec", "resolve_plan"]
 
