@@ -377,6 +377,29 @@ def test_llm_spec_errors_name_the_key(change, message):
     assert message in str(err.value) and "llm.yaml" in str(err.value)
 
 
+def test_an_asha_that_would_compare_trials_only_at_their_last_update_is_refused():
+    """A language-model trial ends after its last RL update (rl_updates, the most any trial
+    takes when searched): ASHA's first comparison there or later stops nothing."""
+    asha = {"type": "asha", "max_t": 8}
+    with pytest.raises(SpecError) as err:
+        parse_plan(smoke_spec(scheduler={**asha, "grace_period": 4}), "llm.yaml")
+    assert str(err.value) == (
+        "llm.yaml: scheduler asha would never act: it first compares trials at scheduler.grace_period (4) "
+        "iterations, and settings.rl_updates (4) ends every trial by then (a decision at a trial's last update "
+        "stops nothing): lower scheduler.grace_period below 4, or raise settings.rl_updates")
+    searched = smoke_spec(scheduler={**asha, "grace_period": 3})
+    searched["settings"].pop("rl_updates")
+    searched["search_space"]["rl_updates"] = {"grid": [2, 3]}
+    with pytest.raises(SpecError, match=r"search_space.rl_updates \(3\) ends every trial by then"):
+        parse_plan(searched, "llm.yaml")
+    with pytest.raises(SpecError, match=r"settings.rl_updates \(1\) ends .*stops nothing\): raise settings"):
+        parse_plan(smoke_spec(scheduler={**asha, "grace_period": 1}, settings={"rl_updates": 1}), "llm.yaml")
+    searched["search_space"]["rl_updates"] = {"grid": [2, 4]}  # the 4-update trials are compared at 3
+    for spec in (smoke_spec(scheduler={**asha, "grace_period": 3}), searched,
+                 smoke_spec(scheduler={**asha, "grace_period": 4}, settings={"rl_updates": 5})):
+        assert parse_plan(spec, "llm.yaml").spec.scheduler.type == "asha"
+
+
 @pytest.mark.parametrize(("change", "values", "expected"), [
     ({"search_space": {"algorithm": {"grid": ["HAEPO", {"GRPO": {"num_iterations": 2, "clip_param": 0.1}}]}}},
      {"algorithm": {"GRPO": {"num_iterations": 2, "clip_param": 0.1}}}, {"algo": "GRPO", "clip_param": 0.1}),

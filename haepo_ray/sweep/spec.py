@@ -246,6 +246,20 @@ class PBTScheduler(SpecModel):
 # A scheduler's type -> the key of the iteration of its first decision, and what it then does.
 _FIRST_DECISION = {"asha": ("grace_period", "compares trials"), "pbt": ("perturbation_interval", "exploits")}
 
+
+def idle_scheduler(scheduler: FIFOScheduler | ASHAScheduler | PBTScheduler, last: int, ends: str,
+                   why: str) -> str | None:
+    """Why ``scheduler`` would never act on trials whose last result comes at iteration ``last``
+    (set by ``ends``; ``why`` it cannot act there), or None: ASHA first compares trials at
+    ``grace_period`` iterations, PBT first exploits at ``perturbation_interval``."""
+    key, what = _FIRST_DECISION.get(scheduler.type, (None, None))
+    if key is None or last > getattr(scheduler, key):
+        return None
+    return (f"scheduler {scheduler.type} would never act: it first {what} at scheduler.{key} "
+            f"({getattr(scheduler, key)}) iterations, and {ends} ({last}) ends every trial by then ({why}): "
+            + (f"lower scheduler.{key} below {last}, or raise {ends}" if last > 1 else f"raise {ends}"))
+
+
 Scheduler = Annotated[
     Union[FIFOScheduler, ASHAScheduler, PBTScheduler], Field(discriminator="type")
 ]
@@ -342,20 +356,12 @@ class SweepSpec(SpecModel):
 
     @model_validator(mode="after")
     def _scheduler_acts_before_stop(self) -> SweepSpec:
-        """ASHA first compares trials at ``grace_period`` iterations, PBT first exploits at
-        ``perturbation_interval``; Tune asks the scheduler only about results that do not stop
-        the trial, so a ``stop.iterations`` at or below that leaves it nothing to do."""
-        key, what = _FIRST_DECISION.get(self.scheduler.type, (None, None))
-        iterations = self.stop.iterations if self.stop else None
-        if key is None or iterations is None:
-            return self
-        first = getattr(self.scheduler, key)
-        if iterations <= first:
-            raise ValueError(
-                f"scheduler {self.scheduler.type} would never act: it first {what} at scheduler.{key} "
-                f"({first}) iterations, and stop.iterations ({iterations}) ends every trial by then (Tune does "
-                f"not ask the scheduler about a trial's last result): lower scheduler.{key} below {iterations}, "
-                "or raise stop.iterations")
+        """Tune asks the scheduler only about results that do not stop the trial."""
+        if self.stop is not None and self.stop.iterations is not None:
+            idle = idle_scheduler(self.scheduler, self.stop.iterations, "stop.iterations",
+                                  "Tune does not ask the scheduler about a trial's last result")
+            if idle:
+                raise ValueError(idle)
         return self
 
     def value_combinations(self, fixed: Mapping[str, Any]) -> list[dict[str, Any]] | None:

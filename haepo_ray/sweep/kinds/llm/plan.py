@@ -41,7 +41,7 @@ from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_me
 from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods, unread_errors
 from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
 from haepo_ray.sweep.plan_base import Plan
-from haepo_ray.sweep.spec import SpecError
+from haepo_ray.sweep.spec import SpecError, idle_scheduler
 from haepo_ray.tracking.schema import LLM_METRICS
 
 __all__ = ["PLAN", "LLMPlan"]
@@ -114,6 +114,7 @@ class LLMPlan(Plan):
         plan = cls(spec, base, keys).checked()
         errors = unread_errors(spec, lambda value, values: plan.trial_config(
             {**values, "algorithm": value} if spec.algorithm is None else values, validate=False))
+        errors += _idle_scheduler(spec, plan.base_config["rl_updates"])
         if errors:
             raise SpecError("\n".join(errors))
         return plan
@@ -349,6 +350,19 @@ def _renamed(values: dict[str, Any]) -> dict[str, Any]:
     """Spec names -> LLMTrainSettings fields; a method (``algorithm``) gives ``algo`` and its settings."""
     renamed = {RENAMES.get(k, k): v for k, v in values.items() if k != "algorithm"}
     return renamed | (method_of(values["algorithm"]) if "algorithm" in values else {})
+
+
+def _idle_scheduler(spec: LLMSweepSpec, rl_updates: int) -> list[str]:
+    """ASHA's first comparison, at ``grace_period`` updates, stops nothing at or after every
+    trial's last update (the most ``rl_updates`` the trials can take; with more values than a
+    few, or a continuous axis, it is not judged)."""
+    ends = "search_space.rl_updates" if "rl_updates" in spec.search_space else "settings.rl_updates"
+    combinations = spec.value_combinations({"rl_updates": rl_updates}) or []
+    updates = [c["rl_updates"] for c in combinations]
+    if not updates or not all(isinstance(u, int) for u in updates):
+        return []
+    idle = idle_scheduler(spec.scheduler, max(updates), ends, "a decision at a trial's last update stops nothing")
+    return [f"{spec.source or '<spec>'}: {idle}"] if idle else []
 
 
 def _worker_resources(spec: LLMSweepSpec) -> dict[str, float | str]:
