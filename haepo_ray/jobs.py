@@ -62,6 +62,7 @@ from urllib.parse import urlparse
 
 from haepo_ray.upstream.core import job_stop_wait
 from haepo_ray.upstream.declared import PATCHES_SETTING
+from haepo_ray.text_files import read_text
 from haepo_ray.uris import is_http_url, is_uri
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -98,9 +99,9 @@ def find_token(token_file: str | None = None, environ: Mapping[str, str] | None 
     def read(path: str, what: str) -> Token:
         p = Path(path).expanduser()
         try:
-            value = p.read_text().strip()
-        except OSError as err:
-            raise JobError(f"cannot read the Ray auth token {what} {p}: {err.strerror or err}") from None
+            value = read_text(p, f"the Ray auth token {what}").strip()
+        except ValueError as err:
+            raise JobError(str(err)) from None
         if not value:
             raise JobError(f"the Ray auth token file {p} ({what}) is empty")
         return Token(value, f"{what} {p}")

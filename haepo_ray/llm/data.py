@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from haepo_ray.llm.assets import package_dir
+from haepo_ray.text_files import read_text
 
 __all__ = [
     "ACLSUM_ASPECTS",
@@ -120,7 +121,7 @@ def jsonl_rows(lines: Iterable[str], where: Callable[[int], str]) -> Iterator[tu
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    return jsonl_rows(path.read_text().splitlines(), lambda line_no: f"{path}:{line_no}")
+    return jsonl_rows(read_text(path, "TL;DR file").splitlines(), lambda line_no: f"{path}:{line_no}")
 
 
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
@@ -135,7 +136,10 @@ def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, 
     if path.suffix == ".parquet":
         if not path.is_file():
             raise ValueError(f"TL;DR file {path} does not exist")
-        table = datasets.Dataset.from_parquet(str(path))
+        try:
+            table = datasets.Dataset.from_parquet(str(path))
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"cannot read TL;DR file {path}: {err}") from None
     else:
         try:
             table = datasets.load_dataset(path_or_id, split=split)

@@ -42,6 +42,7 @@ from pathlib import Path
 from haepo_ray.llm.data import jsonl_rows
 from haepo_ray.llm.rewards import rouge_l
 from haepo_ray.names import LLM_GENERATIONS, PARENT_RUN, ROLE
+from haepo_ray.text_files import read_text
 
 GENERATIONS = LLM_GENERATIONS
 KEY_COLUMNS = ("form_id", "post", "slot", "prompt_id", "method", "algorithm", "model", "run_id", "seed",
@@ -94,10 +95,7 @@ def read_generations(path: str | Path, run_id: str | None = None, config_label: 
     from haepo_ray.report.runs import method_name
 
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise ValueError(f"cannot read generations file {path}: {err.strerror or err}") from None
+    lines = read_text(path, "generations file").splitlines()
     name = f"{GENERATIONS} of run {run_id}" if run_id else str(path)
     records = []
     for where, obj in jsonl_rows(lines, lambda number: f"{name} line {number}"):

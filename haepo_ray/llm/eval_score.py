@@ -29,6 +29,7 @@ answered one seed's form: "Each seed had 8 participants").
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections import defaultdict
@@ -39,6 +40,7 @@ from pathlib import Path
 from haepo_ray.llm.eval_form import KEY_COLUMNS
 from haepo_ray.llm.eval_page import ANSWER_COLUMNS, SCALE, SCALE_TEXT
 from haepo_ray.tables import format_table
+from haepo_ray.text_files import read_text
 
 COMMENT_COLUMNS = ("seed", "form_id", "post", "prompt_id", "slot", "method", "algorithm", "model", "rater",
                    "comment")
@@ -106,20 +108,15 @@ class Report:
 
 def _rows(path: str | Path, columns: Sequence[str]) -> Iterable[tuple[str, dict[str, str]]]:
     """``("FILE line N", row)`` of a CSV file with at least ``columns``."""
-    try:
-        file = open(path, newline="", encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
-    with file:
-        reader = csv.DictReader(file)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path} line 1: columns {missing} are missing (expected {list(columns)})")
-        for row in reader:
-            where = f"{path} line {reader.line_num}"
-            if None in row or any(row[c] is None for c in columns):
-                raise ValueError(f"{where}: expected {len(reader.fieldnames)} fields, got a different number")
-            yield where, row
+    reader = csv.DictReader(io.StringIO(read_text(path, "the CSV file", newline=""), newline=""))
+    missing = [c for c in columns if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValueError(f"{path} line 1: columns {missing} are missing (expected {list(columns)})")
+    for row in reader:
+        where = f"{path} line {reader.line_num}"
+        if None in row or any(row[c] is None for c in columns):
+            raise ValueError(f"{where}: expected {len(reader.fieldnames)} fields, got a different number")
+        yield where, row
 
 
 def _number(where: str, row: dict[str, str], column: str, kind: type = int):

@@ -26,6 +26,7 @@ from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, SweepSpec
 from haepo_ray.sweep.spec_errors import format_validation_error
 from haepo_ray.sweep.spec_yaml import load_yaml
+from haepo_ray.text_files import read_text
 
 __all__ = ["KINDS", "load_plan", "load_spec", "parse_plan", "parse_spec", "resolve_plan"]
 
@@ -66,9 +67,9 @@ def load_spec(path: str | Path) -> SweepSpec:
     (algorithms, envs, settings)."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read the spec: {err.strerror or err}") from None
+        text = read_text(path, "the spec")
+    except ValueError as err:
+        raise SpecError(str(err)) from None
     return parse_spec(load_yaml(text, str(path)), str(path))
 
 
