@@ -270,6 +270,7 @@ def build_submission(args: SubmitOptions) -> Submission:
     from haepo_ray import __version__
     from haepo_ray.sweep.kinds import load_spec, resolve_plan
     from haepo_ray.sweep.spec import SpecError
+    from haepo_ray.tracking.uri import given_tracking_uri
 
     spec_path = Path(args.spec).expanduser()
     if not spec_path.is_file():
@@ -281,6 +282,10 @@ def build_submission(args: SubmitOptions) -> Submission:
             resolve_plan(spec)
     except SpecError as err:
         raise JobError(f"invalid spec\n{err}") from None
+    try:
+        uri = given_tracking_uri(args.tracking_uri)
+    except ValueError as err:
+        raise JobError(str(err)) from None
 
     notes: list[str] = []
     if args.working_dir:
@@ -305,7 +310,6 @@ def build_submission(args: SubmitOptions) -> Submission:
     env_vars = {"PYTHONUNBUFFERED": "1", **job_stop_wait(STOP_WAIT_S)}
     if PATCHES_SETTING in os.environ:  # the driver and the trials' actors check and apply patches under it
         env_vars[PATCHES_SETTING] = os.environ[PATCHES_SETTING]
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         if _local_uri(uri):
             notes.append(f"MLflow: {uri} is read on the head node, not on this machine")

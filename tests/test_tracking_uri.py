@@ -3,7 +3,13 @@ then the embedded SQLite store with its artifacts beside it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from haepo_ray import tracking
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_tracking_uri_flag_then_env_then_embedded_default(tmp_path, monkeypatch):
@@ -20,3 +26,41 @@ def test_sqlite_artifacts_live_next_to_the_database(tmp_path):
     uri = f"sqlite:///{tmp_path}/store/mlflow.db"
     assert tracking.artifact_location_for(uri) == (tmp_path / "store" / "mlartifacts").as_uri()
     assert tracking.artifact_location_for("http://127.0.0.1:5000") is None
+
+
+def test_a_uri_mlflow_has_no_store_for_is_refused_naming_where_it_came_from(tmp_path, monkeypatch):
+    """Checked without opening a store: the SQLite file of an accepted URI is not created."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ValueError) as err:
+        tracking.resolve_tracking_uri("s3://bucket/mlflow", cwd=tmp_path)
+    assert str(err.value).startswith("tracking URI s3://bucket/mlflow: MLflow has no tracking store for it; it "
+                                     "takes a folder, or a URI of "), err.value
+    assert {"sqlite", "postgresql", "http", "https", "file"} <= set(str(err.value).rpartition(" of ")[2].split(", "))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "htp://127.0.0.1:5000")
+    with pytest.raises(ValueError, match=r"^\$MLFLOW_TRACKING_URI htp://127\.0\.0\.1:5000: MLflow has no tracking"):
+        tracking.resolve_tracking_uri(cwd=tmp_path)
+    for uri in (f"sqlite:///{tmp_path}/a.db", "postgresql+psycopg2://u@db:5432/mlflow", "https://mlflow.example",
+                str(tmp_path / "folder"), (tmp_path / "files").as_uri()):
+        assert tracking.resolve_tracking_uri(uri, cwd=tmp_path) == uri
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "SPEC"], ["sweep", "SPEC", "--dry-run"], ["report"], ["train", "--env", "CartPole-v1"],
+    ["llm", "eval-form", "--experiment", "x", "--out", "forms"], ["submit", "SPEC", "--address", "http://127.0.0.1:9"],
+])
+def test_each_command_refuses_it_before_it_starts_anything(tmp_path, monkeypatch, capsys, command):
+    """Exit 2 and the message, before Ray starts and before any folder is made."""
+    import ray
+
+    from haepo_ray.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = tmp_path / "smoke.yaml"
+    spec.write_text((REPO / "tune_configs" / "smoke.yaml").read_text())
+    argv = [str(spec) if a == "SPEC" else a for a in command]
+    assert main([*argv, "--tracking-uri", "foo://bar"]) == 2
+    assert "tracking URI foo://bar: MLflow has no tracking store for it" in capsys.readouterr().err
+    assert not ray.is_initialized()
+    assert [p.name for p in tmp_path.iterdir()] == ["smoke.yaml"]

@@ -37,7 +37,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from haepo_ray.tracking import resolve_tracking_uri
 
     check_out_folder(args.out)
-    uri = resolve_tracking_uri(args.tracking_uri, create=False)
+    try:
+        uri = resolve_tracking_uri(args.tracking_uri, create=False)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     try:
         report = build_report(uri, args.experiment, args.out, include_unfinished=args.include_unfinished,
                               require_commit=args.require_commit)

@@ -211,11 +211,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     # before training, which a checkpoint that cannot be written would lose
     out = check_out_folder(args.checkpoint_dir or Path(".haepo") / "checkpoints" / name, "--checkpoint-dir",
                            records=(METADATA_FILE,)).resolve()
-    from haepo_ray import upstream
+    from haepo_ray import tracking, upstream
 
     try:  # HAEPO's env runner's overrides, before Ray starts (their warning is logged where they apply)
         upstream.check(("rllib",))
-    except (upstream.UpstreamVersionError, upstream.PatchSettingError) as err:
+        uri = None if args.no_tracking else tracking.resolve_tracking_uri(args.tracking_uri)
+    except (upstream.UpstreamVersionError, upstream.PatchSettingError, ValueError) as err:
         raise UsageError(str(err)) from None
     import ray
 
@@ -231,7 +232,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             algo = config.build_algo()
             if args.restore:  # its refusals come before the MLflow run, which would end FAILED
                 _restore(algo, args, stop)
-            run = None if args.no_tracking or request.signum is not None else _start_run(args, config, stop, name)
+            run = None if uri is None or request.signum is not None else _start_run(args, uri, config, stop, name)
             _train(algo, stop, out, run, request)
         finally:
             if algo is not None:
@@ -285,12 +286,11 @@ def _restore(algo, args: argparse.Namespace, stop: StopSpec) -> None:
                          f"--stop-iters above {algo.iteration} (the criteria count from its run's start)")
 
 
-def _start_run(args: argparse.Namespace, config, stop: StopSpec, name: str):
-    """The run's MLflow run, started (None when MLflow cannot be reached)."""
+def _start_run(args: argparse.Namespace, uri: str, config, stop: StopSpec, name: str):
+    """The run's MLflow run in the store at ``uri``, started (None when MLflow cannot be reached)."""
     from haepo_ray import tracking
     from haepo_ray.provenance import provenance
 
-    uri = tracking.resolve_tracking_uri(args.tracking_uri)
     experiment = args.experiment or DEFAULT_EXPERIMENT
     print(f"MLflow tracking URI: {uri} (experiment {experiment!r})", flush=True)
     run = tracking.MLflowRun(uri, experiment, name)

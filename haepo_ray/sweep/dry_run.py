@@ -10,6 +10,7 @@ from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.paths import experiment_root
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.planned import PlannedTrial, checked_trials
+from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tables import format_table
 
 
@@ -25,6 +26,10 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
 
     untested = upstream.check(plan.patched)
     spec = plan.spec
+    try:
+        uri = resolve_tracking_uri(tracking_uri, create=False)
+    except ValueError as err:  # a store MLflow does not have
+        raise SpecError(str(err)) from None
     trials = checked_trials(plan)  # before anything builds a trial's config (resources do)
     plan = plan.fitted(Cluster.unknown())  # refuses language-model trials that cannot fit their GPUs
     out = out or sys.stdout
@@ -43,7 +48,7 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
       f"{plan.step_name}{', and at the end' if spec.checkpoint_at_end else ''}")
     p(f"  Ray: {address or 'embedded local Ray'};  results: "
       f"{experiment_root(spec, experiment, storage_path)}/<run>")
-    p(f"  MLflow: {resolve_tracking_uri(tracking_uri, create=False)} (experiment "
+    p(f"  MLflow: {uri} (experiment "
       f"{experiment or spec.experiment!r})")
     if plan.fit_summary:
         p(f"  {plan.fit_summary}")

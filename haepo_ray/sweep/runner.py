@@ -324,6 +324,10 @@ def run_sweep(
         refuse_a_changed_spec(run_dir, spec)
         refuse_a_foreign_state(run_dir, name, state)
     checked_trials(plan)  # a trial whose config is wrong, refused before any starts
+    try:
+        uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
+    except ValueError as err:
+        raise SweepError(str(err)) from None
     started_ray = init_ray(spec, address)
     callback = None
     try:
@@ -335,7 +339,6 @@ def run_sweep(
             if not resume:
                 name, run_dir = new_run_dir(root)
 
-            uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
             watch = InterruptWatch(on_stuck=lambda trials: _end_after_sigterm(plan, trials, callback, run_dir,
                                                                               experiment, watch, out),
                                    grace_s=sigterm_grace_s())

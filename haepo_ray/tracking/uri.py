@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from haepo_ray.upstream.mlflow import unknown_store
+
 DEFAULT_DIR = ".haepo"
 SQLITE = "sqlite:///"
 
@@ -23,8 +25,19 @@ def default_tracking_uri(cwd: str | Path | None = None, *, create: bool = True) 
 
 def resolve_tracking_uri(uri: str | None = None, cwd: str | Path | None = None, *,
                          create: bool = True) -> str:
-    """The flag, else ``MLFLOW_TRACKING_URI``, else the embedded SQLite default."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(cwd, create=create)
+    """The flag, else ``MLFLOW_TRACKING_URI``, else the embedded SQLite default; ``ValueError``
+    as :func:`given_tracking_uri`."""
+    return given_tracking_uri(uri) or default_tracking_uri(cwd, create=create)
+
+
+def given_tracking_uri(uri: str | None = None) -> str | None:
+    """The flag, else ``MLFLOW_TRACKING_URI``, else None; ``ValueError`` naming the URI, where
+    it came from and the stores MLflow has, when it has none for it."""
+    given, source = (uri, "tracking URI") if uri else (os.environ.get("MLFLOW_TRACKING_URI"), "$MLFLOW_TRACKING_URI")
+    problem = unknown_store(given) if given else None
+    if problem:
+        raise ValueError(f"{source} {given}: {problem}")
+    return given or None
 
 
 def sqlite_file(tracking_uri: str) -> Path | None:

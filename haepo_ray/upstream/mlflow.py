@@ -30,6 +30,11 @@ into messages and entities, 1.3 s reading it as JSON:
 A reader of an ``mlflow server`` that is down would wait out MLflow's retries (about 4 minutes)
 before its error: :func:`server_answers` asks once first, with the same helpers and no retries.
 
+MLflow says which tracking URIs it has no store for only when it opens one (a traceback from the
+first client, which for ``sqlite:///`` also creates the database): :func:`unknown_store` asks its
+registry of tracking stores (``_tracking_store_registry``, entry-point plugins included) which
+store it would open, and opens none.
+
 An MLflow upgrade is checked against :data:`INTERNALS`.
 """
 
@@ -152,6 +157,23 @@ def bulk_history(client, run_ids: list[str], key: str, max_results: int) -> list
     return verify_rest_response(response, BULK_ENDPOINT).json().get("metrics", [])
 
 
+def unknown_store(tracking_uri: str) -> str | None:
+    """None when MLflow has a tracking store for ``tracking_uri`` (opened or not), else why not:
+    the schemes it has stores for, or its reason (a SQL URI of an unknown dialect)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        _tracking_store_registry.get_store_builder(tracking_uri)
+    except UnsupportedModelRegistryStoreURIException as err:  # (misnamed: raised for tracking stores too)
+        schemes = sorted(s for s in err.supported_uri_schemes if s)
+        return f"MLflow has no tracking store for it; it takes a folder, or a URI of {', '.join(schemes)}"
+    except MlflowException as err:
+        return err.message
+    return None
+
+
 INTERNALS = (
     Internal("mlflow.tracking.client:MlflowClient", "_tracking_client", "read: the tracking store", kind="instance"),
     Internal("mlflow.tracking._tracking_service.client:TrackingServiceClient", "store", "read: the tracking store"),
@@ -171,4 +193,10 @@ INTERNALS = (
     Internal("mlflow.utils.rest_utils", "verify_rest_response", "called: its response checked",
              ("response", "endpoint", "expected_status")),
     Internal("mlflow.server.handlers", "get_metric_history_bulk_handler", "asked: its route (BULK_ENDPOINT)", ()),
+    Internal("mlflow.tracking._tracking_service.utils", "_tracking_store_registry",
+             "asked: which tracking store a URI would open (unknown_store)"),
+    Internal("mlflow.tracking.registry:StoreRegistry", "get_store_builder", "called: the store of a URI, unopened",
+             ("self", "store_uri")),
+    Internal("mlflow.tracking.registry:UnsupportedModelRegistryStoreURIException", "supported_uri_schemes",
+             "read: the schemes of the stores it has", kind="instance"),
 )
