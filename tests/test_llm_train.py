@@ -286,6 +286,14 @@ def test_cli_usage_errors(tmp_path, capsys, argv, message):
     assert re.search(message, err), err
 
 
+def test_data_that_cannot_be_read_is_refused_before_out_is_made(tmp_path, capsys):
+    data, out = tmp_path / "tldr.jsonl", tmp_path / "run"
+    data.write_bytes('{"post": "caf\u00e9", "summary": "s"}\n'.encode("latin-1"))
+    assert main(["llm", "train", "--model", "tiny", "--data", f"tldr:{data}", "--out", str(out)]) == 2
+    assert f"cannot read TL;DR file {data}: not UTF-8 text (byte 0xe9 at offset 13)" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--algo", "GRPO", "--num-iterations", "2", "--clip-param", "0.1"], {"num_iterations": 2, "clip_param": 0.1}),
     (["--lora-r", "4", "--lora-alpha", "8"], {"lora_r": 4, "lora_alpha": 8.0}),
