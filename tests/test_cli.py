@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -329,8 +330,9 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     --set over them; the run goes on from the checkpoint's iteration (the stop criteria count
     from its start) and names it in a tag. Refused, saying what to give: another --algo or
     --env, a checkpoint that has trained --stop-iters already, a --set that changes its model or
-    that the run would not read, a folder that is no checkpoint, a --checkpoint-dir that holds a
-    checkpoint or is below a file, each before an MLflow run starts (on the session's Ray, as above)."""
+    that the run would not read, a folder that is no checkpoint or a damaged one, a --checkpoint-dir
+    that holds a checkpoint or is below a file, each before an MLflow run starts (on the session's
+    Ray, as above)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ray_session, "init", lambda *args, **kwargs: None)
     monkeypatch.setattr(ray_session, "shutdown", lambda: None)
@@ -379,6 +381,25 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     assert refusal("--checkpoint-dir", str(ck / "rllib_checkpoint.json" / "new")) == (
         f"haepo train: error: --checkpoint-dir {ck / 'rllib_checkpoint.json' / 'new'}: "
         f"{ck / 'rllib_checkpoint.json'} is a file, not a folder")
+    damage = {  # a checkpoint copied in part, or cut short: named, not a traceback nor a fresh start
+        "rllib_checkpoint.json": ("{", " is not a whole RLlib checkpoint (JSONDecodeError: "),
+        "class_and_ctor_args.pkl": (b"\x80", " is not a whole RLlib checkpoint: its class_and_ctor_args.pkl cannot be "
+                                    "read (UnpicklingError: "),
+        "learner_group/learner": (None, " is not a whole RLlib checkpoint: it has no learner_group/learner/ (the "
+                                  "weights and optimiser), and restoring would go on from new ones without a word"),
+        "learner_group/learner/state.pkl": (0.5, ": a state file in it is damaged or cut short (UnpicklingError: "),
+    }
+    for name, (content, message) in damage.items():
+        damaged = tmp_path / "damaged" / name.replace("/", "_")
+        shutil.copytree(ck, damaged)
+        if content is None:
+            shutil.rmtree(damaged / name)
+        elif isinstance(content, float):
+            (damaged / name).write_bytes((ck / name).read_bytes()[:int(content * (ck / name).stat().st_size)])
+        else:
+            (damaged / name).write_bytes(content.encode() if isinstance(content, str) else content)
+        assert main(["train", "--restore", str(damaged), "--tracking-uri", uri, "--experiment", "refused"]) == 2
+        assert f"haepo train: error: --restore {damaged}{message}" in capsys.readouterr().err, name
     assert client.get_experiment_by_name("refused") is None, "a refusal started an MLflow run"
     assert main(["train", "--restore", str(tmp_path), "--no-tracking"]) == 2
     assert capsys.readouterr().err.strip().endswith(

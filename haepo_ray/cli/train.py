@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -277,6 +278,9 @@ def _restore(algo, args: argparse.Namespace, stop: StopSpec) -> None:
     it has trained ``--stop-iters`` already."""
     try:
         algo.restore_from_path(Path(args.restore).resolve())
+    except (pickle.UnpicklingError, EOFError) as err:
+        raise UsageError(f"--restore {args.restore}: a state file in it is damaged or cut short "
+                         f"({type(err).__name__}: {err})") from None
     except (ValueError, RuntimeError, KeyError) as err:
         raise UsageError(f"--restore {args.restore}: its state does not fit the {args.algo} these settings "
                          f"build (a --set that changes the model?). RLlib: {err}") from None
