@@ -549,6 +549,18 @@ def test_yaml_errors_and_non_mappings(tmp_path):
         load_plan(tmp_path / "missing.yaml")
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """PyYAML would keep the second ``lr`` without a word; a key merged in with ``<<`` may be
+    given again (YAML's override)."""
+    message = _error(tmp_path, "algorithm: HAEPO\nenv: CartPole-v1\nsettings:\n  lr: 0.1\n  gamma: 0.9\n  lr: 0.01\n")
+    path = tmp_path / "bad.yaml"
+    assert message == (f"{path}: not valid YAML: found key 'lr' again (first on line 4): YAML would keep only the "
+                       f'last value; give it once\n  in "{path}", line 6, column 3'), message
+    merged = ("algorithm: HAEPO\nenv: CartPole-v1\nbase: &base {lr: 0.1, gamma: 0.9}\n"
+              "settings:\n  <<: *base\n  lr: 0.01\n")
+    assert load_yaml(merged, "m.yaml")["settings"] == {"lr": 0.01, "gamma": 0.9}
+
+
 def test_cli_prints_named_errors_without_traceback(tmp_path, capsys):
     """In this process (the command line itself runs in test_smoke_dry_run_from_the_command_line):
     exit status 2 and the named error, not an exception."""
