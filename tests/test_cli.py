@@ -59,6 +59,10 @@ def test_envs_lists_every_registered_id(capsys):
          "HAEPOConfig has no setting 'beta_entt' (did you mean beta_ent, beta_kl?), 'lrr' (did you mean lr?)"),
         (["--env", "haepo/ChainMDP-v0", "--set", "beta_ent=-1"], "beta_ent must be a finite number >= 0"),
         (["--env", "haepo/ChainMDP-v0", "--set", "lr"], "--set expects key=value"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "lr=0.1", "--set", "lr=0.2"],
+         "--set lr is given twice (0.1, then '0.2'): give it once"),
+        (["--env", "haepo/ChainMDP-v0", "--set", "model_config={fcnet_hiddens: [8], fcnet_hiddens: [4]}"],
+         "--set model_config: not valid YAML: found key 'fcnet_hiddens' again (first on line 1)"),
         (["--env", "haepo/ChainMDP-v0", "--set", "env_config={length: 0}"],
          "env_config: haepo/ChainMDP-v0 does not take {'length': 0}: ValueError: ChainMDPEnv: length must be an "
          "integer >= 1, got 0"),
@@ -88,6 +92,14 @@ def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monk
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
     assert main(["train", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_set_values_are_yaml_as_a_spec_reads_it():
+    """``1e-3`` is a float, as in a spec (plain YAML 1.1 reads the string '1e-3')."""
+    from haepo_ray.cli.train import parse_overrides
+
+    assert parse_overrides(["lr=1e-3", "model_config={fcnet_hiddens: [8]}", "gamma = 0.9"]) == {
+        "lr": 0.001, "model_config": {"fcnet_hiddens": [8]}, "gamma": 0.9}
 
 
 def test_train_stop_options_make_a_stop_spec():

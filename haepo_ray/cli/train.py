@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from haepo_ray import names
@@ -20,7 +19,8 @@ from haepo_ray.cli.args import add_experiment, add_tracking_uri, check_out_folde
 from haepo_ray.cli.errors import UsageError, configure_logging
 from haepo_ray.cli.signals import StopRequest
 from haepo_ray.rl.evaluation import mark_stale_evaluation
-from haepo_ray.sweep.spec import StopSpec
+from haepo_ray.sweep.spec import SpecError, StopSpec
+from haepo_ray.sweep.spec_yaml import load_yaml
 
 DEFAULT_EXPERIMENT = "train"
 DEFAULT_ALGO = "HAEPO"
@@ -61,16 +61,20 @@ def add_parser(subparsers) -> None:
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["lr=0.01", "model_config={fcnet_hiddens: [128]}"]`` -> dict; values are YAML."""
+    """``["lr=1e-3", "model_config={fcnet_hiddens: [128]}"]`` -> dict; values are YAML as a
+    spec reads it (:func:`~haepo_ray.sweep.spec_yaml.load_yaml`: ``1e-3`` is a float)."""
     overrides: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise UsageError(f"--set expects key=value, got {pair!r}")
+        if key in overrides:
+            raise UsageError(f"--set {key} is given twice ({overrides[key]!r}, then {raw!r}): give it once")
         try:
-            overrides[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            raise UsageError(f"--set {key}: value {raw!r} is not valid YAML ({err})") from None
+            overrides[key] = load_yaml(raw, f"--set {key}")
+        except SpecError as err:
+            raise UsageError(f"{err} (the value {raw!r})") from None
     return overrides
 
 
