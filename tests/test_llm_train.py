@@ -286,11 +286,17 @@ def test_cli_usage_errors(tmp_path, capsys, argv, message):
     assert re.search(message, err), err
 
 
-def test_data_that_cannot_be_read_is_refused_before_out_is_made(tmp_path, capsys):
-    data, out = tmp_path / "tldr.jsonl", tmp_path / "run"
+def test_data_or_a_model_that_cannot_be_read_is_refused_before_out_is_made(tmp_path, capsys):
+    data, model, out = tmp_path / "tldr.jsonl", tmp_path / "model", tmp_path / "run"
     data.write_bytes('{"post": "caf\u00e9", "summary": "s"}\n'.encode("latin-1"))
     assert main(["llm", "train", "--model", "tiny", "--data", f"tldr:{data}", "--out", str(out)]) == 2
     assert f"cannot read TL;DR file {data}: not UTF-8 text (byte 0xe9 at offset 13)" in capsys.readouterr().err
+    model.mkdir()
+    (model / "config.json").write_text("{")
+    assert main(["llm", "train", "--model", str(model), "--out", str(out)]) == 2
+    assert f"model '{model}' cannot be loaded from its folder (It looks like the config file" in capsys.readouterr().err
+    assert main(["llm", "memory", "--model", str(model)]) == 2  # its estimate reads the config alone
+    assert f"model '{model}': its config.json cannot be read (It looks like" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -74,7 +74,10 @@ def _from_pretrained(path_or_name: str | Path, dtype: torch.dtype, local_only: b
     try:
         tokenizer = AutoTokenizer.from_pretrained(path_or_name, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, local_files_only=local_only)
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        if Path(path_or_name).is_dir():
+            raise ValueError(f"model {str(path_or_name)!r} cannot be loaded from its folder "
+                             f"({str(err).splitlines()[0]})") from None
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
         raise ValueError(
             f"model {str(path_or_name)!r} cannot be loaded: it is not a local folder and "

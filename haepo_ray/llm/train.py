@@ -119,17 +119,17 @@ class LLMRun:
                 raise ValueError(f"batch_prompts ({settings.batch_prompts}) must be a multiple of the number of "
                                  f"workers ({world.size}): each worker takes whole prompt groups")
             self.settings, self.world = settings, world
-            # data that cannot be read is refused before out_dir is made
+            # data or a model that cannot be read is refused before out_dir is made
             self.splits = split_examples(load_examples(settings.data, settings.aspect), settings.eval_prompts,
                                          settings.split_seed)
-            self.out = Path(out_dir)
-            if world.is_main:
-                self.out.mkdir(parents=True, exist_ok=True)
-                (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
             torch.manual_seed(settings.seed)
             model, self.tokenizer = load_model(
                 settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
                 seed=settings.seed, dtype=torch_dtype(settings.weights_dtype))
+            self.out = Path(out_dir)
+            if world.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
             model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
             self.policy = Policy(model, settings, world)
             self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)

@@ -63,7 +63,10 @@ def model_config(name: str) -> Any:
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ValueError(f"model {name!r}: the folder has no config.json")
-        return AutoConfig.from_pretrained(local, local_files_only=True)
+        try:
+            return AutoConfig.from_pretrained(local, local_files_only=True)
+        except (OSError, ValueError) as err:  # not JSON; a model type transformers does not know
+            raise ValueError(f"model {name!r}: its config.json cannot be read ({str(err).splitlines()[0]})") from None
     unknown = f"model {name!r} is unknown: not one of {('tiny', *BUNDLED)}, not a local folder with a config.json"
     if "/" not in name:  # not a Hub repository id ("owner/name")
         raise ValueError(f"{unknown}, not a Hugging Face Hub name (owner/name)")
