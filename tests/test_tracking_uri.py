@@ -51,10 +51,12 @@ def test_a_uri_mlflow_has_no_store_for_is_refused_naming_where_it_came_from(tmp_
 ])
 def test_each_command_refuses_it_before_it_starts_anything(tmp_path, monkeypatch, capsys, command):
     """Exit 2 and the message, before Ray starts and before any folder is made."""
-    import ray
-
+    from haepo_ray import ray_start
     from haepo_ray.cli import main
+    from haepo_ray.sweep import runner
 
+    for module, starts in ((ray_start, "start_ray"), (runner, "init_ray")):  # (this process may have a Ray)
+        monkeypatch.setattr(module, starts, lambda *a, **k: pytest.fail("Ray started"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     spec = tmp_path / "smoke.yaml"
@@ -62,5 +64,4 @@ def test_each_command_refuses_it_before_it_starts_anything(tmp_path, monkeypatch
     argv = [str(spec) if a == "SPEC" else a for a in command]
     assert main([*argv, "--tracking-uri", "foo://bar"]) == 2
     assert "tracking URI foo://bar: MLflow has no tracking store for it" in capsys.readouterr().err
-    assert not ray.is_initialized()
     assert [p.name for p in tmp_path.iterdir()] == ["smoke.yaml"]
