@@ -62,8 +62,8 @@ from urllib.parse import urlparse
 
 from haepo_ray.upstream.core import job_stop_wait
 from haepo_ray.upstream.declared import PATCHES_SETTING
-from haepo_ray.text_files import read_text
 from haepo_ray.uris import is_http_url, is_uri
+from haepo_ray.user_paths import read_text
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_TIMEOUT_S = 10.0

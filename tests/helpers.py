@@ -129,6 +129,18 @@ def llm_trial_run(client, experiment_id: str, parent: str, root: Path, *, algori
     return run_id
 
 
+def forbid_ray_start(monkeypatch) -> None:
+    """A command that starts Ray fails the test (this process may have a Ray up already, which
+    ``ray.is_initialized()`` would report)."""
+    import pytest
+
+    from haepo_ray import ray_start
+    from haepo_ray.sweep import runner
+
+    for module, starts in ((ray_start, "start_ray"), (runner, "init_ray")):
+        monkeypatch.setattr(module, starts, lambda *a, **k: pytest.fail("Ray started"))
+
+
 def fresh_python(code: str, timeout: float = 120) -> list[str]:
     """The lines ``code`` prints in a fresh interpreter (nothing imported first), once it
     exited 0 (else the test fails with the end of its stderr)."""

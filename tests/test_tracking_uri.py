@@ -3,13 +3,10 @@ then the embedded SQLite store with its artifacts beside it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from helpers import SMOKE, forbid_ray_start
 
 from haepo_ray import tracking
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_tracking_uri_flag_then_env_then_embedded_default(tmp_path, monkeypatch):
@@ -51,16 +48,13 @@ def test_a_uri_mlflow_has_no_store_for_is_refused_naming_where_it_came_from(tmp_
 ])
 def test_each_command_refuses_it_before_it_starts_anything(tmp_path, monkeypatch, capsys, command):
     """Exit 2 and the message, before Ray starts and before any folder is made."""
-    from haepo_ray import ray_start
     from haepo_ray.cli import main
-    from haepo_ray.sweep import runner
 
-    for module, starts in ((ray_start, "start_ray"), (runner, "init_ray")):  # (this process may have a Ray)
-        monkeypatch.setattr(module, starts, lambda *a, **k: pytest.fail("Ray started"))
+    forbid_ray_start(monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     spec = tmp_path / "smoke.yaml"
-    spec.write_text((REPO / "tune_configs" / "smoke.yaml").read_text())
+    spec.write_text(SMOKE.read_text())
     argv = [str(spec) if a == "SPEC" else a for a in command]
     assert main([*argv, "--tracking-uri", "foo://bar"]) == 2
     assert "tracking URI foo://bar: MLflow has no tracking store for it" in capsys.readouterr().err

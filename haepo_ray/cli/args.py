@@ -4,10 +4,10 @@ check of an output folder they share."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from haepo_ray.cli.errors import UsageError
+from haepo_ray.user_paths import unwritable_folder
 
 TRACKING_URI_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
                      "sqlite:///<cwd>/.haepo/mlflow.db)")
@@ -52,11 +52,9 @@ def check_out_folder(out: str | Path, option: str = "--out", *, records: tuple[s
     ``records`` (files of an earlier run that this one would overwrite), not empty. Nothing is
     created."""
     out = Path(out)
-    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise UsageError(f"{option} {out}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {out}: {existing} is not writable")
+    problem = unwritable_folder(out)
+    if problem:
+        raise UsageError(f"{option} {out}: {problem}")
     held = [name for name in records if (out / name).is_file() and (out / name).stat().st_size]
     if held:
         raise UsageError(f"{option} {out} holds an earlier run's {' and '.join(held)}, which this run would "

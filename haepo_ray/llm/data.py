@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from haepo_ray.llm.assets import package_dir
-from haepo_ray.text_files import read_text
+from haepo_ray.user_paths import read_text
 
 __all__ = [
     "ACLSUM_ASPECTS",

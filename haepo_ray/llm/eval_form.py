@@ -42,7 +42,7 @@ from pathlib import Path
 from haepo_ray.llm.data import jsonl_rows
 from haepo_ray.llm.rewards import rouge_l
 from haepo_ray.names import LLM_GENERATIONS, PARENT_RUN, ROLE
-from haepo_ray.text_files import read_text
+from haepo_ray.user_paths import read_text
 
 GENERATIONS = LLM_GENERATIONS
 KEY_COLUMNS = ("form_id", "post", "slot", "prompt_id", "method", "algorithm", "model", "run_id", "seed",

@@ -40,7 +40,7 @@ from pathlib import Path
 from haepo_ray.llm.eval_form import KEY_COLUMNS
 from haepo_ray.llm.eval_page import ANSWER_COLUMNS, SCALE, SCALE_TEXT
 from haepo_ray.tables import format_table
-from haepo_ray.text_files import read_text
+from haepo_ray.user_paths import read_text
 
 COMMENT_COLUMNS = ("seed", "form_id", "post", "prompt_id", "slot", "method", "algorithm", "model", "rater",
                    "comment")

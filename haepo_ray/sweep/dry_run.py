@@ -7,7 +7,7 @@ import sys
 from typing import TextIO
 
 from haepo_ray.sweep.cluster import Cluster
-from haepo_ray.sweep.paths import experiment_root
+from haepo_ray.sweep.paths import check_root, experiment_root
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.planned import PlannedTrial, checked_trials
 from haepo_ray.sweep.spec import SpecError
@@ -26,9 +26,11 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
 
     untested = upstream.check(plan.patched)
     spec = plan.spec
+    root = experiment_root(spec, experiment, storage_path)
     try:
+        check_root(root)
         uri = resolve_tracking_uri(tracking_uri, create=False)
-    except ValueError as err:  # a store MLflow does not have
+    except ValueError as err:  # a results folder that cannot be written, a store MLflow does not have
         raise SpecError(str(err)) from None
     trials = checked_trials(plan)  # before anything builds a trial's config (resources do)
     plan = plan.fitted(Cluster.unknown())  # refuses language-model trials that cannot fit their GPUs
@@ -47,7 +49,7 @@ def dry_run(plan: Plan, *, out: TextIO | None = None, experiment: str | None = N
       f"retries: {spec.max_failures};  checkpoint every {spec.checkpoint_frequency or '-'} "
       f"{plan.step_name}{', and at the end' if spec.checkpoint_at_end else ''}")
     p(f"  Ray: {address or 'embedded local Ray'};  results: "
-      f"{experiment_root(spec, experiment, storage_path)}/<run>")
+      f"{root}/<run>")
     p(f"  MLflow: {uri} (experiment "
       f"{experiment or spec.experiment!r})")
     if plan.fit_summary:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from haepo_ray.sweep.spec import SweepSpec
 from haepo_ray.uris import is_uri
+from haepo_ray.user_paths import unwritable_folder
 
-__all__ = ["DEFAULT_STORAGE", "check_experiment", "experiment_root", "latest_run_dir", "new_run_dir"]
+__all__ = ["DEFAULT_STORAGE", "check_experiment", "check_root", "experiment_root", "latest_run_dir", "new_run_dir"]
 
 DEFAULT_STORAGE = Path(".haepo") / "ray_results"
 
@@ -35,6 +36,15 @@ def experiment_root(spec: SweepSpec, experiment: str | None = None, storage_path
     if not is_uri(root):
         root = str(Path(root).expanduser().resolve())
     return f"{root.rstrip('/')}/{check_experiment(experiment or spec.experiment)}"
+
+
+def check_root(root: str) -> None:
+    """``ValueError`` when a run cannot be written under ``root`` (:func:`experiment_root`), a
+    local folder (a URI's storage is Ray's to check)."""
+    problem = None if is_uri(root) else unwritable_folder(root)
+    if problem:
+        raise ValueError(f"the sweep's results folder {root}: {problem}: give another --storage-path (or the "
+                         "spec's storage_path)")
 
 
 def new_run_dir(root: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from haepo_ray.sweep import results, tune_setup
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.interrupt import InterruptWatch, sigterm_grace_s
 from haepo_ray.sweep.metric_watch import MetricWatch
-from haepo_ray.sweep.paths import experiment_root, latest_run_dir, new_run_dir
+from haepo_ray.sweep.paths import check_root, experiment_root, latest_run_dir, new_run_dir
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.planned import checked_trials
 from haepo_ray.sweep.spec import SweepSpec
@@ -325,6 +325,7 @@ def run_sweep(
         refuse_a_foreign_state(run_dir, name, state)
     checked_trials(plan)  # a trial whose config is wrong, refused before any starts
     try:
+        check_root(root)
         uri = tracking.resolve_tracking_uri(tracking_uri) if track else None
     except ValueError as err:
         raise SweepError(str(err)) from None

@@ -26,7 +26,7 @@ from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, SweepSpec
 from haepo_ray.sweep.spec_errors import format_validation_error
 from haepo_ray.sweep.spec_yaml import load_yaml
-from haepo_ray.text_files import read_text
+from haepo_ray.user_paths import read_text
 
 __all__ = ["KINDS", "load_plan", "load_spec", "parse_plan", "parse_spec", "resolve_plan"]
 

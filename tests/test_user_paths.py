@@ -1,10 +1,12 @@
-"""Every text file a user gives is read by :func:`haepo_ray.text_files.read_text`: one that
-is not UTF-8, or cannot be read, is an error naming it and the first bad byte, never a
-traceback of the codec."""
+"""The paths a user gives (:mod:`haepo_ray.user_paths`): every text file is read by
+``read_text``, so one that is not UTF-8, or cannot be read, is an error naming it and the first
+bad byte, never a traceback of the codec; a sweep's results folder that cannot be made is
+refused before anything starts."""
 
 from __future__ import annotations
 
 import pytest
+from helpers import SMOKE, forbid_ray_start
 
 from haepo_ray import jobs
 from haepo_ray.llm.data import load_tldr
@@ -56,3 +58,22 @@ def test_a_tldr_parquet_file_that_is_not_parquet_is_named(tmp_path):
     path.write_text("post,summary\n")
     with pytest.raises(ValueError, match=rf"^cannot read TL;DR file {path}: .*not a parquet file"):
         load_tldr(str(path))
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_sweep_whose_results_folder_cannot_be_made_is_refused_before_it_starts(tmp_path, monkeypatch, capsys,
+                                                                                 dry_run):
+    """Before: a run made its MLflow parent run, started Ray, and died on pyarrow's
+    NotADirectoryError; a dry run printed the folder."""
+    from haepo_ray.cli import main
+
+    forbid_ray_start(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "smoke.yaml"
+    spec.write_text(SMOKE.read_text())
+    (tmp_path / "results").write_text("")
+    assert main(["sweep", str(spec), "--storage-path", "results/sweeps", *dry_run]) == 2
+    root = tmp_path.resolve()
+    assert (f"haepo sweep: error: the sweep's results folder {root}/results/sweeps/smoke: {root}/results is a file, "
+            "not a folder: give another --storage-path (or the spec's storage_path)") in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results", "smoke.yaml"]  # no MLflow store either
