@@ -42,6 +42,20 @@ def test_a_uri_mlflow_has_no_store_for_is_refused_naming_where_it_came_from(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_sqlite_file_that_cannot_be_made_is_refused(tmp_path, monkeypatch):
+    """MLflow would raise FileExistsError from its first client (in a sweep, after Ray's start);
+    a file that exists, or one a folder can be made for, is taken."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "file").write_text("")
+    for uri, problem in ((f"sqlite:///{tmp_path}/file/mlflow.db", f"{tmp_path}/file is a file, not a folder"),
+                         (f"sqlite:///{tmp_path}", f"{tmp_path} is a folder, not a database file")):
+        with pytest.raises(ValueError) as err:
+            tracking.resolve_tracking_uri(uri, create=False)
+        assert str(err.value) == f"tracking URI {uri}: {problem}"
+    for uri in (f"sqlite:///{tmp_path}/file", f"sqlite:///{tmp_path}/new/folder/mlflow.db"):
+        assert tracking.resolve_tracking_uri(uri) == uri
+
+
 @pytest.mark.parametrize("command", [
     ["sweep", "SPEC"], ["sweep", "SPEC", "--dry-run"], ["report"], ["train", "--env", "CartPole-v1"],
     ["llm", "eval-form", "--experiment", "x", "--out", "forms"], ["submit", "SPEC", "--address", "http://127.0.0.1:9"],

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from haepo_ray.upstream.mlflow import unknown_store
+from haepo_ray.user_paths import unwritable_folder
 
 DEFAULT_DIR = ".haepo"
 SQLITE = "sqlite:///"
@@ -31,10 +32,11 @@ def resolve_tracking_uri(uri: str | None = None, cwd: str | Path | None = None, 
 
 
 def given_tracking_uri(uri: str | None = None) -> str | None:
-    """The flag, else ``MLFLOW_TRACKING_URI``, else None; ``ValueError`` naming the URI, where
-    it came from and the stores MLflow has, when it has none for it."""
+    """The flag, else ``MLFLOW_TRACKING_URI``, else None; ``ValueError`` naming the URI and
+    where it came from, when MLflow has no store for it (saying which stores it has) or it is a
+    SQLite file that cannot be made (:func:`sqlite_problem`)."""
     given, source = (uri, "tracking URI") if uri else (os.environ.get("MLFLOW_TRACKING_URI"), "$MLFLOW_TRACKING_URI")
-    problem = unknown_store(given) if given else None
+    problem = (unknown_store(given) or sqlite_problem(given)) if given else None
     if problem:
         raise ValueError(f"{source} {given}: {problem}")
     return given or None
@@ -43,6 +45,15 @@ def given_tracking_uri(uri: str | None = None) -> str | None:
 def sqlite_file(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` store; None for any other store."""
     return Path(tracking_uri[len(SQLITE):]) if tracking_uri.startswith(SQLITE) else None
+
+
+def sqlite_problem(tracking_uri: str) -> str | None:
+    """Why the ``sqlite:///PATH`` store's file cannot be made (it is a folder; its folder is below
+    a file, or not writable), else None; None for any other store, and for a file that exists."""
+    db = sqlite_file(tracking_uri)
+    if db is None or db.is_file():
+        return None
+    return f"{db} is a folder, not a database file" if db.is_dir() else unwritable_folder(db.parent)
 
 
 def artifact_location_for(tracking_uri: str) -> str | None:
