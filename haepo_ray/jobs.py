@@ -50,7 +50,6 @@ import asyncio
 import os
 import shlex
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -62,7 +61,7 @@ from urllib.parse import urlparse
 
 from haepo_ray.upstream.core import job_stop_wait
 from haepo_ray.upstream.declared import PATCHES_SETTING
-from haepo_ray.uris import is_http_url, is_uri
+from haepo_ray.uris import is_http_url, is_uri, unreachable
 from haepo_ray.user_paths import read_text
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -151,14 +150,9 @@ def _reach_hint(address: str) -> str:
 def _check_reachable(address: str) -> None:
     """A quick TCP connect, so that an unreachable head fails in seconds, not minutes."""
     parsed = urlparse(address)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parsed.hostname, port), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as err:
-        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
-        raise JobError(f"cannot reach the Ray head at {address} ({reason}): "
-                           f"{_reach_hint(address)}") from None
+    reason = unreachable(parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80), CONNECT_TIMEOUT_S)
+    if reason:
+        raise JobError(f"cannot reach the Ray head at {address} ({reason}): {_reach_hint(address)}")
 
 
 def _auth_message(address: str, token: Token | None, err: Exception) -> str:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GRID_2D, kill_tree, sigint_as_in_a_terminal, sqlite_store
+from helpers import GRID_2D, SMOKE, free_port, kill_tree, sigint_as_in_a_terminal, sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray import names
@@ -417,6 +417,26 @@ def test_train_restore_goes_on_from_a_checkpoint_with_its_settings(ray_session, 
     assert capsys.readouterr().err.strip().endswith(
         f"--restore {tmp_path} is not an RLlib checkpoint (no rllib_checkpoint.json): give the folder haepo "
         "train printed, or a sweep trial's checkpoint_NNNNNN")
+
+
+@pytest.mark.parametrize(("address", "message"), [
+    ("http://127.0.0.1:8265", "an HTTP address is a head's dashboard, where haepo submit sends jobs; haepo sweep "
+     "joins a running Ray at its GCS address, HOST:6379"),
+    ("ray://127.0.0.1:10001", "Ray Client addresses are not supported"),
+    ("head", "expected HOST:PORT, the head's GCS address, or auto"),
+    ("127.0.0.1:PORT", "no Ray head answers there (Connection refused): check the address (the head's GCS port"),
+])
+def test_sweep_refuses_an_address_where_no_ray_head_answers_at_once(address, message, tmp_path, monkeypatch, capsys):
+    """Before, ray.init retried a refused port for minutes, and an HTTP address was Ray's traceback.
+    Nothing is made: no MLflow store, no results folder."""
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init called"))
+    monkeypatch.chdir(tmp_path)
+    address = address.replace("PORT", str(free_port()))
+    assert main(["sweep", str(SMOKE), "--address", address]) == 2
+    assert f"haepo sweep: error: --address {address}: {message}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_train_refuses_more_cpus_than_its_ray_has(ray_session, tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import CLIENT_ENV_DROP, free_port, run_jobs_main, write_spec
 
-from haepo_ray import jobs
+from haepo_ray import jobs, uris
 from haepo_ray.cli import jobs as jobs_cli
 from haepo_ray.sweep.interrupt import SIGTERM_GRACE_S
 
@@ -34,7 +34,7 @@ def test_submit_unreachable_head_is_a_clear_error(capsys, monkeypatch):
     for key in CLIENT_ENV_DROP:
         monkeypatch.delenv(key, raising=False)
     connects, ray_clients = [], []
-    connect, make = jobs.socket.create_connection, jobs.JobsClient._make
+    connect, make = uris.socket.create_connection, jobs.JobsClient._make
 
     def counted_connect(address, *args, **kwargs):
         connects.append(address)
@@ -44,7 +44,7 @@ def test_submit_unreachable_head_is_a_clear_error(capsys, monkeypatch):
         ray_clients.append(self.address)
         return make(self, headers)
 
-    monkeypatch.setattr(jobs.socket, "create_connection", counted_connect)  # both still run for real
+    monkeypatch.setattr(uris.socket, "create_connection", counted_connect)  # both still run for real
     monkeypatch.setattr(jobs.JobsClient, "_make", counted_make)
     port = free_port()  # nothing listens there
     code, _, err = run_jobs_main(["submit", str(SMOKE), "--no-check",
