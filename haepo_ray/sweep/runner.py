@@ -89,7 +89,7 @@ def _check_head(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not (host and port.isdigit()):
         raise SweepError(f"--address {address}: expected HOST:PORT, the head's GCS address, or auto")
-    reason = unreachable(host, int(port), HEAD_TIMEOUT_S)
+    reason = unreachable(host.strip("[]"), int(port), HEAD_TIMEOUT_S)  # [::1]:6379
     if reason:
         raise SweepError(f"--address {address}: no Ray head answers there ({reason}): {_HEAD_HINT}")
 
