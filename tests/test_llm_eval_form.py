@@ -229,7 +229,7 @@ def test_scores_match_hand_computed_answers(tmp_path, capsys):
     assert ("DPO", "m2") not in scores.cells
     # Votes: a/1 slot 3 (tied best), a/2 slot 2 (no), b/1 slot 1 (no), b/2 slot 3 (best), c/1 slot 2 (tied best).
     assert (scores.aligned, scores.votes, scores.raters) == (3, 5, 3)
-    comments = tmp_path / "comments.csv"
+    comments = tmp_path / "scores" / "comments.csv"  # its folder is made
     assert _run(["eval-score", "--key", str(key), "--answers", *map(str, answers), "--comments", str(comments)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -404,6 +404,10 @@ def test_bad_inputs_of_the_form_and_key(files, tmp_path):
     key.write_text(text.replace("1,1,q1,DPO,DPO,m1,run-DPO-m1,0,", "1,1,q1,DPO,DPO,m1,run-DPO-m1,1,"))
     assert f"{key} line 3: seed 0 differs from the first row's 1 (a form's summaries come from one training seed)" \
         in error(["eval-score", "--key", str(key), "--answers", str(answers)])
+    for comments, problem in ((key / "comments.csv", f"{key} is a file, not a folder"),
+                              (tmp_path, f"{tmp_path} is a folder")):  # before the report, not after it
+        assert error(["eval-score", "--key", str(key), "--answers", str(answers), "--comments", str(comments)]) \
+            .endswith(f"--comments {comments}: {problem}")
     assert not Path(out).exists()
 
 

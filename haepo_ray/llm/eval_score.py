@@ -233,8 +233,10 @@ def score(keys: Sequence[Key], answers: Sequence[Answer]) -> Report:
 
 
 def write_comments(report: Report, path: str | Path) -> Path:
-    """Write the report's comments, :data:`COMMENT_COLUMNS`, to the CSV file ``path``."""
+    """Write the report's comments, :data:`COMMENT_COLUMNS`, to the CSV file ``path`` (its
+    folder made if need be)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, COMMENT_COLUMNS)
         writer.writeheader()
