@@ -1,7 +1,8 @@
 """What the Ray a sweep runs on offers its trials: :class:`Cluster` (CPUs, GPUs and their
 memory), read once Ray is up, what it lacks for a request (:meth:`Cluster.lacks`), and
 :func:`require_resources`, so that trials that ask for more than a local Ray has fail at start
-instead of waiting for ever."""
+instead of waiting for ever; and, before a sweep joins a running Ray, whether its head answers
+at ``--address`` (:func:`head_problem`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from haepo_ray.sweep.spec import SpecError, SweepSpec
+from haepo_ray.uris import is_http_url, unreachable
 
-__all__ = ["Cluster", "require_resources"]
+__all__ = ["HEAD_HINT", "Cluster", "head_problem", "require_resources"]
+
+HEAD_TIMEOUT_S = 10.0  # for --address's TCP check: ray.init retries a head that does not answer for minutes
+HEAD_HINT = ("check the address (the head's GCS port, 6379 by default) and that the head is up (--address auto on "
+             "one of its nodes)")
 
 
 @dataclass(frozen=True)
@@ -76,3 +82,23 @@ def require_resources(spec: SweepSpec, trial: Mapping[str, float], cluster: Clus
                         f"has {has:g} (ray.num_cpus, else this machine's): its trials would wait for ever. Ask "
                         f"for fewer, give the embedded Ray more with ray.num_cpus, or run it on a Ray cluster "
                         f"(--address)")
+
+
+def head_problem(address: str) -> str | None:
+    """Why a sweep cannot join a running Ray at ``address``, in seconds, or None: a Ray
+    Client's or a dashboard's address, not ``HOST:PORT``, or no Ray head answers there
+    (``ray.init`` would retry it for minutes); ``auto`` is Ray's to find."""
+    if address.startswith("ray://"):
+        return (f"--address {address}: Ray Client addresses are not supported (the sweep's driver, which logs to "
+                "MLflow, must run inside the cluster); submit it as a job instead: ray job submit --address "
+                "http://HEAD:8265 -- haepo sweep SPEC --address auto")
+    if is_http_url(address):
+        return (f"--address {address}: an HTTP address is a head's dashboard, where haepo submit sends jobs; haepo "
+                "sweep joins a running Ray at its GCS address, HOST:6379 (--address auto on one of its nodes)")
+    if address in ("auto", "local"):
+        return None
+    host, _, port = address.rpartition(":")
+    if not (host and port.isdigit()):
+        return f"--address {address}: expected HOST:PORT, the head's GCS address, or auto"
+    reason = unreachable(host.strip("[]"), int(port), HEAD_TIMEOUT_S)  # [::1]:6379
+    return f"--address {address}: no Ray head answers there ({reason}): {HEAD_HINT}" if reason else None

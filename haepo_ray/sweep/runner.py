@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import yaml
 
 from haepo_ray.sweep import results, tune_setup
-from haepo_ray.sweep.cluster import Cluster
+from haepo_ray.sweep.cluster import HEAD_HINT, Cluster, head_problem
 from haepo_ray.sweep.interrupt import InterruptWatch, sigterm_grace_s
 from haepo_ray.sweep.metric_watch import MetricWatch
 from haepo_ray.sweep.paths import check_root, experiment_root, latest_run_dir, new_run_dir
@@ -32,11 +32,10 @@ from haepo_ray.upstream import tune as tune_internals
 from haepo_ray.upstream import tune_restore
 from haepo_ray.ray_start import start_ray
 from haepo_ray.terminated import sigterm_raises_terminated
-from haepo_ray.uris import is_http_url, is_uri, unreachable
+from haepo_ray.uris import is_uri
 
 RUN_INFO_FILE = "haepo_sweep.json"
 SPEC_FILE = "spec.yaml"  # in a run's folder: the spec it started with, every default filled in
-HEAD_TIMEOUT_S = 10.0  # for --address's TCP check: ray.init retries a head that does not answer for minutes
 # Spec keys a resume may change: where the run is, what it is called, this session's Ray.
 RESUME_MAY_CHANGE = ("name", "description", "storage_path", "ray")
 
@@ -54,8 +53,9 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
     trials' actors get this process's patch setting (:func:`actor_env_vars`)."""
     import ray
 
-    if address:
-        _check_head(address)
+    problem = head_problem(address) if address else None
+    if problem:
+        raise SweepError(problem)
     if ray.is_initialized():
         return False
     if address:
@@ -64,38 +64,12 @@ def init_ray(spec: SweepSpec, address: str | None) -> bool:
             start_ray(address=address, log_to_driver=False, runtime_env={"env_vars": env_vars} if env_vars else None)
         except ConnectionError as err:  # something answers there, but not a Ray head; or auto found none
             hint = "start Ray on this node first (ray start), or give the head's HOST:6379" if address == "auto" \
-                else _HEAD_HINT
+                else HEAD_HINT
             raise SweepError(f"--address {address}: {str(err).rstrip('.')}: {hint}") from None
     else:
         start_ray(address="local", num_cpus=spec.ray.num_cpus, num_gpus=spec.ray.num_gpus,
                   include_dashboard=False, log_to_driver=False)
     return True
-
-
-def _check_head(address: str) -> None:
-    """A SweepError, in seconds, for an ``--address`` that is a dashboard's or that no Ray head
-    answers at (``ray.init`` would retry it for minutes), or a Ray Client's; ``auto`` is Ray's to find."""
-    if address.startswith("ray://"):
-        raise SweepError(
-            f"--address {address}: Ray Client addresses are not supported (the sweep's driver, "
-            "which logs to MLflow, must run inside the cluster); submit it as a job instead: "
-            "ray job submit --address http://HEAD:8265 -- haepo sweep SPEC --address auto")
-    if is_http_url(address):
-        raise SweepError(f"--address {address}: an HTTP address is a head's dashboard, where haepo submit sends "
-                         "jobs; haepo sweep joins a running Ray at its GCS address, HOST:6379 (--address auto on one "
-                         "of its nodes)")
-    if address in ("auto", "local"):
-        return
-    host, _, port = address.rpartition(":")
-    if not (host and port.isdigit()):
-        raise SweepError(f"--address {address}: expected HOST:PORT, the head's GCS address, or auto")
-    reason = unreachable(host.strip("[]"), int(port), HEAD_TIMEOUT_S)  # [::1]:6379
-    if reason:
-        raise SweepError(f"--address {address}: no Ray head answers there ({reason}): {_HEAD_HINT}")
-
-
-_HEAD_HINT = ("check the address (the head's GCS port, 6379 by default) and that the head is up (--address auto on "
-              "one of its nodes)")
 
 
 def actor_env_vars() -> dict[str, str]:
