@@ -106,9 +106,13 @@ def test_tldr_malformed_rows(tmp_path, rows, message):
         load_tldr(str(path))
 
 
-def test_bad_data_specs():
+def test_bad_data_specs(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_tldr("/nonexistent/tldr.jsonl")
+    for name in ("tldr.jsonl", "tldr.parquet"):
+        (tmp_path / name).mkdir()
+        with pytest.raises(ValueError, match=f"^TL;DR file {tmp_path / name} is a folder$"):
+            load_tldr(str(tmp_path / name))
     with pytest.raises(ValueError, match=r"data must be 'aclsum' or 'tldr:PATH_OR_ID', got 'tldr'"):
         load_examples("tldr")
     with pytest.raises(ValueError, match="got 'cnn'"):

@@ -56,6 +56,18 @@ def test_a_sqlite_file_that_cannot_be_made_is_refused(tmp_path, monkeypatch):
         assert tracking.resolve_tracking_uri(uri) == uri
 
 
+def test_a_default_store_below_a_file_is_refused(tmp_path, monkeypatch):
+    """A file named .haepo in the working directory: MLflow's FileExistsError, before."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / ".haepo").write_text("")
+    for create in (True, False):
+        with pytest.raises(ValueError) as err:
+            tracking.resolve_tracking_uri(cwd=tmp_path, create=create)
+        assert str(err.value) == (f"the default tracking store sqlite:///{tmp_path}/.haepo/mlflow.db: "
+                                  f"{tmp_path}/.haepo is a file, not a folder: give --tracking-uri (or set "
+                                  "MLFLOW_TRACKING_URI)")
+
+
 @pytest.mark.parametrize("command", [
     ["sweep", "SPEC"], ["sweep", "SPEC", "--dry-run"], ["report"], ["train", "--env", "CartPole-v1"],
     ["llm", "eval-form", "--experiment", "x", "--out", "forms"], ["submit", "SPEC", "--address", "http://127.0.0.1:9"],

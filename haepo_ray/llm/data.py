@@ -128,14 +128,14 @@ def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, 
     path = Path(path_or_id)
     if path.suffix in (".jsonl", ".json"):
         if not path.is_file():
-            raise ValueError(f"TL;DR file {path} does not exist")
+            raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
         yield from _jsonl_rows(path)
         return
     import datasets
 
     if path.suffix == ".parquet":
         if not path.is_file():
-            raise ValueError(f"TL;DR file {path} does not exist")
+            raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
         try:
             table = datasets.Dataset.from_parquet(str(path))
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError

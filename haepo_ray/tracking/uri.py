@@ -17,11 +17,17 @@ SQLITE = "sqlite:///"
 
 
 def default_tracking_uri(cwd: str | Path | None = None, *, create: bool = True) -> str:
-    """``sqlite:///<cwd>/.haepo/mlflow.db`` (creates ``.haepo/`` unless ``create=False``)."""
+    """``sqlite:///<cwd>/.haepo/mlflow.db`` (creates ``.haepo/`` unless ``create=False``);
+    ``ValueError`` when that file cannot be made (:func:`sqlite_problem`: a file ``.haepo``)."""
     root = Path(cwd or os.getcwd()).resolve() / DEFAULT_DIR
+    uri = f"{SQLITE}{root / 'mlflow.db'}"
+    problem = sqlite_problem(uri)
+    if problem:
+        raise ValueError(f"the default tracking store {uri}: {problem}: give --tracking-uri (or set "
+                         "MLFLOW_TRACKING_URI)")
     if create:
         root.mkdir(parents=True, exist_ok=True)
-    return f"{SQLITE}{root / 'mlflow.db'}"
+    return uri
 
 
 def resolve_tracking_uri(uri: str | None = None, cwd: str | Path | None = None, *,
