@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["read_text", "unwritable_folder"]
+__all__ = ["read_text", "unwritable_file", "unwritable_folder"]
 
 
 def read_text(path: str | Path, what: str, newline: str | None = None) -> str:
@@ -34,3 +34,10 @@ def unwritable_folder(path: str | Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
     return None
+
+
+def unwritable_file(path: str | Path, kind: str = "file") -> str | None:
+    """None when the file ``path`` (a ``kind``, for the message) can be written, its folder made
+    if need be; else why not: it is a folder, or :func:`unwritable_folder` of its folder."""
+    path = Path(path)
+    return f"{path} is a folder, not a {kind}" if path.is_dir() else unwritable_folder(path.parent)

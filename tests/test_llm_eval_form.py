@@ -405,7 +405,7 @@ def test_bad_inputs_of_the_form_and_key(files, tmp_path):
     assert f"{key} line 3: seed 0 differs from the first row's 1 (a form's summaries come from one training seed)" \
         in error(["eval-score", "--key", str(key), "--answers", str(answers)])
     for comments, problem in ((key / "comments.csv", f"{key} is a file, not a folder"),
-                              (tmp_path, f"{tmp_path} is a folder")):  # before the report, not after it
+                              (tmp_path, f"{tmp_path} is a folder, not a CSV file")):  # before the report, not after it
         assert error(["eval-score", "--key", str(key), "--answers", str(answers), "--comments", str(comments)]) \
             .endswith(f"--comments {comments}: {problem}")
     assert not Path(out).exists()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_parsers(llm_subparsers) -> None:
@@ -76,10 +75,9 @@ def cmd_eval_form(args: argparse.Namespace) -> int:
 def cmd_eval_score(args: argparse.Namespace) -> int:
     from haepo_ray.cli.errors import UsageError
     from haepo_ray.llm.eval_score import format_report, read_answers, read_key, score, write_comments
-    from haepo_ray.user_paths import unwritable_folder
+    from haepo_ray.user_paths import unwritable_file
 
-    comments = Path(args.comments)  # checked first: it is written after the report is printed
-    problem = f"{comments} is a folder" if comments.is_dir() else unwritable_folder(comments.parent)
+    problem = unwritable_file(args.comments, "CSV file")  # checked first: it is written after the report
     if problem:
         raise UsageError(f"--comments {args.comments}: {problem}")
     try:

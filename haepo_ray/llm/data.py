@@ -126,16 +126,14 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
     path = Path(path_or_id)
+    if path.suffix in (".jsonl", ".json", ".parquet") and not path.is_file():
+        raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
     if path.suffix in (".jsonl", ".json"):
-        if not path.is_file():
-            raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
         yield from _jsonl_rows(path)
         return
     import datasets
 
     if path.suffix == ".parquet":
-        if not path.is_file():
-            raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
         try:
             table = datasets.Dataset.from_parquet(str(path))
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from haepo_ray.upstream.mlflow import unknown_store
-from haepo_ray.user_paths import unwritable_folder
+from haepo_ray.user_paths import unwritable_file
 
 DEFAULT_DIR = ".haepo"
 SQLITE = "sqlite:///"
@@ -57,9 +57,7 @@ def sqlite_problem(tracking_uri: str) -> str | None:
     """Why the ``sqlite:///PATH`` store's file cannot be made (it is a folder; its folder is below
     a file, or not writable), else None; None for any other store, and for a file that exists."""
     db = sqlite_file(tracking_uri)
-    if db is None or db.is_file():
-        return None
-    return f"{db} is a folder, not a database file" if db.is_dir() else unwritable_folder(db.parent)
+    return None if db is None or db.is_file() else unwritable_file(db, "database file")
 
 
 def artifact_location_for(tracking_uri: str) -> str | None:
