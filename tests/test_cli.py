@@ -80,6 +80,7 @@ def test_envs_lists_every_registered_id(capsys):
          "--set reward_normalization: this run would not read it: DPO's loss reads only the order of the returns"),
         (["--env", "haepo/ChainMDP-v0", "--stop-iters", "0"], "--stop-iters 0: Input should be greater than or equal to 1"),
         (["--env", "haepo/ChainMDP-v0", "--stop-time", "-1"], "--stop-time -1.0: Input should be greater than 0"),
+        (["--env", "haepo/ChainMDP-v0", "--stop-return", "nan"], "--stop-return nan: Input should be a finite number"),
         (["--stop-iters", "3"], "give --env (or --restore a checkpoint)"),
         (["--restore", "no/such/folder"], "--restore no/such/folder: no such folder"),
     ],

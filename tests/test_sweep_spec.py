@@ -255,6 +255,18 @@ def test_unknown_nested_keys(tmp_path):
     assert "scheduler" in message and "fifo, asha, pbt" in message
 
 
+@pytest.mark.parametrize("key, value", [
+    ("stop", {"episode_return_mean": math.nan}), ("stop", {"seconds": math.inf}),
+    ("resources", {"cpus": math.inf}), ("resources", {"cpus": 1, "gpus": math.nan}),
+    ("scheduler", {"type": "asha", "grace_period": 1, "reduction_factor": math.inf}),
+])
+def test_a_number_key_that_is_nan_or_infinite_is_refused(tmp_path, key, value):
+    """A stop at NaN or infinity is never reached (the trials would run for ever), infinite CPUs
+    are never placed: YAML's ``.nan`` and ``.inf`` are refused by name in every number key."""
+    bad = next(k for k, v in value.items() if isinstance(v, float) and not math.isfinite(v))
+    assert f"{key}.{bad}: Input should be a finite number" in _error(tmp_path, _spec(**{key: value}))
+
+
 def test_bad_search_space_entries(tmp_path):
     message = _error(tmp_path, _spec(search_space={"lr": {"normal": [0, 1]}}))
     assert "search_space.lr" in message and "grid, choice, uniform, loguniform, randint" in message

@@ -121,7 +121,8 @@ class SpecError(ValueError):
 
 
 class SpecModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # no NaN or infinity in a number key: a stop at .nan or .inf is never reached, .inf CPUs never placed
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
 class Dim(SpecModel):
