@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from haepo_ray.llm.objectives import group_loss
-from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.policy import Policy, adapter_problem
 from haepo_ray.llm.rollout import sample_completions, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings
 from helpers import RETURNS, group_batch
@@ -144,3 +144,26 @@ def test_exact_kl_to_the_reference_is_zero_at_the_start_and_the_vocabulary_sum_a
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
     assert torch.equal(_rl_policy(model, _settings(reference="none", beta_kl=0.0)).exact_kl(batch),
                        torch.zeros(len(batch), dtype=torch.float64))
+
+
+def test_a_lora_target_is_refused_exactly_where_peft_alone_would_adapt_nothing(tiny_lm):
+    """adapter_problem's premise, on the real peft: given several targets, peft adapts those it
+    finds and skips a mistyped one without a word; alone, a target is refused by peft exactly
+    where adapter_problem refuses it (each module name's last part, a path, none)."""
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = tiny_lm
+
+    def peft_adapts(targets: list[str]) -> list[str]:
+        try:
+            adapted = get_peft_model(copy.deepcopy(model), LoraConfig(r=1, target_modules=targets))
+        except ValueError:
+            return []
+        return adapted.targeted_module_names
+
+    assert {name.rsplit(".", 1)[-1] for name in peft_adapts(["q_proj", "v_projj"])} == {"q_proj"}
+    assert "'v_projj' names no module" in adapter_problem(model.config, ["q_proj", "v_projj"])
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name} | {"layers.1.mlp.up_proj", "x"}
+    for target in sorted(names):
+        assert (adapter_problem(model.config, [target]) is None) == bool(peft_adapts([target])), target
+    assert adapter_problem(model.config, ["q_proj", "v_proj"]) is None

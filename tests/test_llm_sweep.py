@@ -466,6 +466,30 @@ def test_a_relative_data_file_is_read_from_where_the_sweep_starts(tmp_path, monk
     assert hub.base_config["data"] == "tldr:CarperAI/openai_summarize_tldr"  # a datasets id stays one
 
 
+def test_a_cpu_sweeps_model_and_lora_targets_are_checked_before_launch(monkeypatch):
+    """Without GPU memory to estimate, the model is still looked up and each trial's LoRA targets
+    are found in it: an unknown model, or a target it lacks (which peft, given others, would skip
+    without a word), is a SpecError of the dry run, not a failure of every trial at launch."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cpu = {"gpu_memory_gb": None}
+    unknown = parse_plan(smoke_spec(llm={**cpu, "model": "no-such-owner/no-such-model"}), "cpu.yaml")
+    with pytest.raises(SpecError, match=r"^cpu\.yaml: llm\.model: model 'no-such-owner/no-such-model' is unknown"):
+        unknown.fitted(Cluster.unknown())
+    lora = smoke_spec(llm=cpu, settings={"lora_r": 4, "lora_target_modules": ["q_proj", "v_projj"]})
+    with pytest.raises(SpecError) as err:
+        parse_plan(lora, "cpu.yaml").fitted(Cluster.unknown())
+    assert str(err.value) == (
+        "cpu.yaml: settings.lora_target_modules ['q_proj', 'v_projj']: in the llama model, 'v_projj' names no "
+        "module (its linear layers are named down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj)")
+    lora["settings"].pop("lora_target_modules")
+    lora["search_space"]["lora_target_modules"] = {"grid": [["q_proj", "v_proj"], ["self_attn"]]}
+    with pytest.raises(SpecError, match=r"^cpu\.yaml: search_space\.lora_target_modules \['self_attn'\]: in the "
+                                        r"llama model, 'self_attn' names LlamaAttention, which LoRA cannot adapt \("):
+        parse_plan(lora, "cpu.yaml").fitted(Cluster.unknown())
+    lora["search_space"]["lora_target_modules"] = {"grid": [["q_proj", "v_proj"], ["embed_tokens"]]}
+    parse_plan(lora, "cpu.yaml").fitted(Cluster.unknown())
+
+
 @pytest.mark.parametrize("spec, asks", [
     (smoke_spec(llm={"num_workers": 2, "cpus_per_worker": 1.5}), "3.25 CPUs (resources.cpus, and llm.num_workers x llm.cpus_per_worker)"),
     ({"algorithm": "HAEPO", "env": "haepo/ChainMDP-v0", "resources": {"cpus": 3}, "stop": {"iterations": 1}},

@@ -246,13 +246,12 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
         f"haepo llm: error: --out {out} holds an earlier run's metrics.jsonl and generations.jsonl, which this run "
         "would overwrite: give a new folder (or remove that one)")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
-    # a run that failed before its first row (its files empty) leaves nothing to keep: --out is taken
+    # a run that failed before its first row (its files empty, as it made them) leaves nothing to keep:
+    # --out is taken
     failed = tmp_path / "failed"
-    assert main(["llm", "train", "--model", "tiny", "--lora-r", "2", "--lora-target-modules", "nope",
-                 "--out", str(failed)]) == 2
-    assert "Target modules {'nope'} not found" in capsys.readouterr().err
-    assert {f.name: f.stat().st_size for f in failed.iterdir() if f.suffix == ".jsonl"} == {
-        "metrics.jsonl": 0, "generations.jsonl": 0}
+    failed.mkdir()
+    for name in ("config.json", "metrics.jsonl", "generations.jsonl"):
+        (failed / name).write_text("{}" if name == "config.json" else "")
     assert main(["llm", "train", "--model", "tiny", "--algo", "GRPO", "--sft-examples", "2", "--rl-updates", "1",
                  "--batch-prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--eval-prompts", "1",
                  "--out", str(failed)]) == 0
@@ -286,7 +285,7 @@ def test_cli_usage_errors(tmp_path, capsys, argv, message):
     assert re.search(message, err), err
 
 
-def test_data_or_a_model_that_cannot_be_read_is_refused_before_out_is_made(tmp_path, capsys):
+def test_data_a_model_that_cannot_be_read_or_its_missing_lora_target_is_refused_before_out_is_made(tmp_path, capsys):
     data, model, out = tmp_path / "tldr.jsonl", tmp_path / "model", tmp_path / "run"
     data.write_bytes('{"post": "caf\u00e9", "summary": "s"}\n'.encode("latin-1"))
     assert main(["llm", "train", "--model", "tiny", "--data", f"tldr:{data}", "--out", str(out)]) == 2
@@ -297,6 +296,13 @@ def test_data_or_a_model_that_cannot_be_read_is_refused_before_out_is_made(tmp_p
     assert f"model '{model}' cannot be loaded from its folder (It looks like the config file" in capsys.readouterr().err
     assert main(["llm", "memory", "--model", str(model)]) == 2  # its estimate reads the config alone
     assert f"model '{model}': its config.json cannot be read (It looks like" in capsys.readouterr().err
+    lora = ["--lora-r", "4", "--lora-target-modules", "q_proj", "v_projj"]  # peft would adapt q_proj alone
+    assert main(["llm", "train", "--model", "tiny", *lora, "--sft-examples", "1", "--rl-updates", "1",
+                 "--eval-prompts", "2", "--out", str(out)]) == 2
+    train_err = capsys.readouterr().err
+    assert main(["llm", "memory", "--model", "tiny", "--algo", "HAEPO", *lora]) == 2
+    for err in (train_err, capsys.readouterr().err):
+        assert "lora_target_modules ['q_proj', 'v_projj']: in the llama model, 'v_projj' names no module" in err
     assert not out.exists()
 
 

@@ -42,7 +42,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -53,7 +54,7 @@ from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, gr
 from haepo_ray.llm.rollout import Batch, completion_logits, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
-__all__ = ["Phase", "Policy", "denormals", "model_passes", "no_phase"]
+__all__ = ["Phase", "Policy", "adapter_problem", "denormals", "model_passes", "no_phase"]
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]  # phase name -> context
 
@@ -143,9 +144,42 @@ def _frozen_copy(model: Any) -> Any:
 def _with_adapter(model: Any, settings: LLMTrainSettings) -> Any:
     from peft import LoraConfig, get_peft_model
 
+    if problem := adapter_problem(model.config, settings.lora_target_modules):
+        raise ValueError(problem)  # peft would adapt fewer modules than the settings name
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
                         target_modules=list(settings.lora_target_modules), lora_dropout=0.0, bias="none")
     return get_peft_model(model, config)
+
+
+def adapter_problem(config: Any, targets: Sequence[str]) -> str | None:
+    """Why LoRA cannot adapt each of ``targets`` in a model of transformers ``config``, as peft
+    decides for each target alone on an empty (meta-device) model: it names no module (peft, given
+    several, adapts the others without a word) or only modules LoRA cannot adapt; None when each
+    adapts some layer."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    def empty_model() -> Any:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+
+    modules = dict(empty_model().named_modules())
+    why = []
+    for target in targets:
+        kinds = sorted({type(m).__name__ for name, m in modules.items()
+                        if name == target or name.endswith(f".{target}")})  # peft's rule for a list
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # peft's tied-embedding advice, for a model never trained
+                get_peft_model(empty_model(), LoraConfig(r=1, target_modules=[target]))
+        except ValueError:  # none found, or one that is not a layer LoRA adapts
+            why.append(f"{target!r} names {', '.join(kinds)}, which LoRA cannot adapt" if kinds
+                       else f"{target!r} names no module")
+    if not why:
+        return None
+    layers = sorted({name.rsplit(".", 1)[-1] for name, m in modules.items() if isinstance(m, torch.nn.Linear)})
+    return (f"lora_target_modules {list(targets)}: in the {config.model_type} model, {'; '.join(why)} "
+            f"(its linear layers are named {', '.join(layers)})")
 
 
 class Policy:

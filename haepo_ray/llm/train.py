@@ -84,7 +84,7 @@ from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, objective_of, rows_per_prompt
-from haepo_ray.llm.policy import Policy, denormals
+from haepo_ray.llm.policy import Policy, adapter_problem, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
 from haepo_ray.llm.run_log import GENERATIONS_FILE, METRICS_FILE, Callback, RunClock, RunWriter
@@ -119,13 +119,15 @@ class LLMRun:
                 raise ValueError(f"batch_prompts ({settings.batch_prompts}) must be a multiple of the number of "
                                  f"workers ({world.size}): each worker takes whole prompt groups")
             self.settings, self.world = settings, world
-            # data or a model that cannot be read is refused before out_dir is made
+            # data, a model that cannot be read and LoRA targets it lacks are refused before out_dir is made
             self.splits = split_examples(load_examples(settings.data, settings.aspect), settings.eval_prompts,
                                          settings.split_seed)
             torch.manual_seed(settings.seed)
             model, self.tokenizer = load_model(
                 settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
                 seed=settings.seed, dtype=torch_dtype(settings.weights_dtype))
+            if settings.lora_r and (problem := adapter_problem(model.config, settings.lora_target_modules)):
+                raise ValueError(problem)
             self.out = Path(out_dir)
             if world.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)

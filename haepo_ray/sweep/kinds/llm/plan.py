@@ -39,6 +39,7 @@ from haepo_ray.sweep.cluster import Cluster, require_resources
 from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, RENAMES, trial_settings
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods, unread_errors
+from haepo_ray.sweep.kinds.llm.model import model_problems
 from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
 from haepo_ray.sweep.plan_base import Plan
 from haepo_ray.sweep.spec import SpecError, idle_scheduler
@@ -194,7 +195,8 @@ class LLMPlan(Plan):
         once; with ``llm.fit: auto`` a trial over the limit is planned to fit
         (:meth:`~haepo_ray.sweep.kinds.llm.fit.GPUFit.planned`), and trials that cannot fit are
         refused (SpecError naming each); trials that ask a local Ray for more CPUs or GPUs
-        than it has fail."""
+        than it has, or whose model cannot be found or lacks their LoRA targets
+        (:mod:`~haepo_ray.sweep.kinds.llm.model`), fail."""
         spec, llm = self.spec, self.spec.llm
         file = data_file(self.base_config["data"])
         if cluster.embedded and file is not None and not file.is_file():
@@ -203,24 +205,27 @@ class LLMPlan(Plan):
         require_resources(spec, self.trial_resources(), cluster, gpus_from="llm.use_gpu",
                           cpu_fix="set llm.use_gpu: false",
                           cpus_from="resources.cpus, and llm.num_workers x llm.cpus_per_worker")
-        if not (llm.use_gpu or llm.gpu_memory_gb):
-            return self
         from haepo_ray.sweep.planned import PlannedTrial, planned_trials
 
+        planned = planned_trials(self)
+        problems = model_problems(llm.model, (self.trial_config(t.values, validate=False)
+                                              for t in planned or [PlannedTrial(0, {})]),
+                                  lora_from="search_space" if "lora_target_modules" in spec.search_space else "settings")
+        if problems:
+            raise SpecError("\n".join(f"{spec.source or '<spec>'}: {problem}" for problem in problems))
+        if not (llm.use_gpu or llm.gpu_memory_gb):
+            return self
         if llm.gpu_memory_gb:
             limit, source = llm.gpu_memory_gb, "llm.gpu_memory_gb"
         else:
             limit, source = cluster.gpu_memory_gib, f"Ray's GPUs, {cluster.gpu_kind}"
-        trials = planned_trials(self) or ([] if self._trial_estimates else [PlannedTrial(0, {})])
+        trials = planned or ([] if self._trial_estimates else [PlannedTrial(0, {})])
         from haepo_ray.llm.capacity.accelerators import RAY_ACCELERATOR_TYPES
 
         accelerator = RAY_ACCELERATOR_TYPES.get(cluster.gpu_kind)  # None: the paper's
         keys = {t.index: self._key(t.values) for t in trials}
-        try:
-            estimates = estimate_keys(dict.fromkeys(keys.values()), prompt_tokens=llm.prompt_tokens,
-                                      workers=llm.num_workers, accelerator=accelerator)
-        except ValueError as err:  # a model whose config cannot be found offline
-            raise SpecError(f"{spec.source or '<spec>'}: llm.model: {err}") from None
+        estimates = estimate_keys(dict.fromkeys(keys.values()), prompt_tokens=llm.prompt_tokens,
+                                  workers=llm.num_workers, accelerator=accelerator)
         fit = GPUFit(limit, source, llm.gpu_reserve_gb, llm.prompt_tokens, estimates, mode=llm.fit,
                      accelerator=accelerator).planned(keys.values(), workers=llm.num_workers)
         over = [f"{spec.source or '<spec>'}: trial {t.index} ({self._describe(t.values)}): {fit.refusal(keys[t.index])}"
