@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import weakref
@@ -308,18 +309,25 @@ def test_iterations_that_end_no_episode_do_not_end_the_sweep(ray_session, tmp_pa
 
 def test_a_metric_no_trial_reports_is_said_as_the_first_trial_ends(ray_session, tmp_path, monkeypatch, caplog):
     """A misspelt metric: the sweep runs (a metric may come late), and the first trial to end
-    without it brings one warning naming the result keys closest to it; the summary says it again."""
+    without it brings one warning naming the result keys closest to it; the summary says it again.
+    So does a glob of tracking.metrics that selects no value MLflow could log (once; the others
+    are not said)."""
     monkeypatch.chdir(tmp_path)
+    globs = ["env_runner/episode_len_*", "learners/*/policy_entropy", "env_runners/num_episodes"]
     plan = parse_plan(_tiny(name="typo", metric="env_runners/episode_return_meen", stop={"iterations": 2},
-                            search_space={"seed": {"grid": [0, 1]}}), "typo.yaml")
+                            search_space={"seed": {"grid": [0, 1]}}, tracking={"metrics": globs}), "typo.yaml")
     with caplog.at_level(logging.WARNING, logger="haepo_ray.sweep.metric_watch"):
-        result = run_sweep(plan, track=False, storage_path=str(tmp_path / "results"), out=io.StringIO(), verbose=0)
+        result = run_sweep(plan, tracking_uri=sqlite_store(tmp_path / "mlflow.db"), storage_path=str(tmp_path / "r"),
+                           out=io.StringIO(), verbose=0)
     assert [t.status for t in result.trials] == ["TERMINATED"] * 2
     said = [r.getMessage() for r in caplog.records if r.name == "haepo_ray.sweep.metric_watch"]
-    assert len(said) == 1, said
-    assert said[0].startswith("no trial has reported the sweep's metric 'env_runners/episode_return_meen' "
+    assert len(said) == 2, said
+    assert said[0].startswith("no result so far has a value that tracking.metrics 'env_runner/episode_len_*' selects "
+                              "(did you mean env_runners/episode_len_"), said
+    assert re.search(r"\): MLflow logs nothing for it; fix tracking.metrics in the spec \(trial \w+ ended\)$", said[0])
+    assert said[1].startswith("no trial has reported the sweep's metric 'env_runners/episode_return_meen' "
                               "(did you mean env_runners/episode_return_mean"), said
-    assert result.missing_metric is not None and result.missing_metric in said[0]
+    assert result.missing_metric is not None and result.missing_metric in said[1]
     assert f"warning: {result.missing_metric}" in format_summary(result)
 
 

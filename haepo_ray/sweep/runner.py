@@ -358,7 +358,7 @@ def run_sweep(
             # The watch first: its end (Tune has stopped the trials) comes before MLflow's flush,
             # which may take longer than a SIGTERM's grace and must not be cut short by it.
             callbacks = [watch] + ([callback] if callback else []) + list(extra_callbacks or []) \
-                + [recorder, MetricWatch(spec.metric, plan.step_key)] \
+                + [recorder, MetricWatch(spec.metric, plan.step_key, (spec.tracking.metrics or ()) if callback else ())] \
                 + result_loggers() + tune_internals.sweep_callbacks()
             p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 
