@@ -292,10 +292,15 @@ def build_submission(args: SubmitOptions) -> Submission:
             raise JobError(f"the spec {args.spec} is not inside --working-dir {args.working_dir}") from None
         temporary = False
     else:
+        spec_arg, temporary = spec_path.name, True
+    for key, path in spec.relative_paths().items():  # the job reads them from its working directory
+        if temporary or not (working_dir / path).exists():
+            raise JobError(f"{key} {path!r} is a path relative to where the sweep starts, which is the job's working "
+                           "directory: " + ("give --working-dir DIR with it inside (or an absolute path every node "
+                           "reaches)" if temporary else f"it is not inside --working-dir {args.working_dir}"))
+    if temporary:
         working_dir = Path(tempfile.mkdtemp(prefix="haepo-submit-"))
         shutil.copy2(spec_path, working_dir / spec_path.name)
-        spec_arg = spec_path.name
-        temporary = True
 
     experiment = args.experiment or spec.experiment
     cmd = ["python", "-m", "haepo_ray.cli"] if args.py_modules else ["haepo"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,37 @@ from haepo_ray.sweep.interrupt import SIGTERM_GRACE_S
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "tune_configs" / "smoke.yaml"
+
+
+def test_a_language_model_sweeps_relative_data_must_travel_with_the_job(tmp_path, monkeypatch):
+    """The job starts its sweep in its working directory, which holds only the spec unless
+    --working-dir says otherwise: a relative tldr: file (or model folder) is refused before
+    anything is made, unless it is inside --working-dir; an absolute one is the nodes' business."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "posts.jsonl").write_text('{"post": "a post", "summary": "a tl;dr"}\n')
+    text = (REPO / "tune_configs" / "llm_smoke.yaml").read_text()
+    spec = tmp_path / "llm.yaml"
+    spec.write_text(text.replace("data: aclsum", "data: tldr:data/posts.jsonl"))
+    made = set(Path(tempfile.gettempdir()).glob("haepo-submit-*"))
+    with pytest.raises(jobs.JobError) as err:
+        jobs.build_submission(_submit_args(spec))
+    assert str(err.value) == ("llm.data 'data/posts.jsonl' is a path relative to where the sweep starts, which is "
+                              "the job's working directory: give --working-dir DIR with it inside (or an absolute "
+                              "path every node reaches)")
+    assert set(Path(tempfile.gettempdir()).glob("haepo-submit-*")) == made
+    sub = jobs.build_submission(_submit_args(spec, "--working-dir", str(tmp_path)))
+    assert not sub.temporary and sub.entrypoint.startswith("haepo sweep llm.yaml ")
+    (tmp_path / "sub").mkdir()
+    shutil.move(spec, tmp_path / "sub" / "llm.yaml")
+    with pytest.raises(jobs.JobError, match=r"^llm\.data 'data/posts\.jsonl' .*: it is not inside --working-dir "):
+        jobs.build_submission(_submit_args(tmp_path / "sub" / "llm.yaml", "--working-dir", str(tmp_path / "sub")))
+    (tmp_path / "mymodel").mkdir()
+    spec.write_text(text.replace("model: tiny", "model: mymodel"))
+    with pytest.raises(jobs.JobError, match=r"^llm\.model 'mymodel' is a path relative to where the sweep starts"):
+        jobs.build_submission(_submit_args(spec))
+    spec.write_text(text.replace("data: aclsum", f"data: tldr:{tmp_path / 'elsewhere.jsonl'}"))
+    shutil.rmtree(jobs.build_submission(_submit_args(spec)).working_dir)
 
 
 def test_submit_missing_spec_is_a_clear_error(capsys, tmp_path):

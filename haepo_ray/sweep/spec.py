@@ -389,6 +389,11 @@ class SweepSpec(SpecModel):
     def experiment(self) -> str:
         return self.name or "sweep"
 
+    def relative_paths(self) -> dict[str, str]:
+        """Keys that name a file or folder of this machine by a path relative to where the sweep
+        starts (``llm.data``'s ``tldr:`` file, ``llm.model``'s folder): key -> that path."""
+        return {}
+
     def resolved_yaml(self) -> str:
         """The spec with every default filled in, as YAML (the MLflow parent artifact)."""
         data = self.model_dump(mode="json")

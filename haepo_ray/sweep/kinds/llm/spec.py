@@ -78,6 +78,15 @@ class LLMSweepSpec(SweepSpec):
             self.max_concurrent_trials = 1  # Tune does not count the Ray Train workers
         return self
 
+    def relative_paths(self) -> dict[str, str]:
+        from pathlib import Path
+
+        from haepo_ray.llm.data import data_file
+
+        data, model = data_file(self.llm.data), Path(self.llm.model)
+        paths = {"llm.data": str(data)} if data is not None and not data.is_absolute() else {}
+        return paths | ({"llm.model": self.llm.model} if not model.is_absolute() and model.is_dir() else {})
+
 
 SPEC = LLMSweepSpec
 
