@@ -31,8 +31,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--address", metavar="ADDR",
                    help="join this Ray cluster (auto: the one on this machine, or HOST:6379) "
                         "instead of starting an embedded local Ray; from outside the cluster, "
-                        "submit the sweep as a Ray job (ray job submit -- haepo sweep SPEC "
-                        "--address auto)")
+                        "submit the sweep as a Ray job: haepo submit SPEC --address "
+                        "http://HEAD:8265 (it runs haepo sweep SPEC --address auto on the head)")
     add_tracking_uri(p)
     add_experiment(p, folder=True)
     p.add_argument("--resume", action="store_true",
