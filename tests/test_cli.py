@@ -97,10 +97,13 @@ def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monk
 
 def test_set_values_are_yaml_as_a_spec_reads_it():
     """``1e-3`` is a float, as in a spec (plain YAML 1.1 reads the string '1e-3')."""
+    from haepo_ray.cli.errors import UsageError
     from haepo_ray.cli.train import parse_overrides
 
     assert parse_overrides(["lr=1e-3", "model_config={fcnet_hiddens: [8]}", "gamma = 0.9"]) == {
         "lr": 0.001, "model_config": {"fcnet_hiddens": [8]}, "gamma": 0.9}
+    with pytest.raises(UsageError, match=r"^--set seed=3: give --seed 3$"):  # the tag would say --seed's
+        parse_overrides(["seed=3"])
 
 
 def test_train_stop_options_make_a_stop_spec():

@@ -71,6 +71,8 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
             raise UsageError(f"--set expects key=value, got {pair!r}")
         if key in overrides:
             raise UsageError(f"--set {key} is given twice ({overrides[key]!r}, then {raw!r}): give it once")
+        if key == "seed":  # else the run's name and MLflow tag would name --seed's, not the one it ran with
+            raise UsageError(f"--set seed={raw.strip()}: give --seed {raw.strip()}")
         try:
             overrides[key] = load_yaml(raw, f"--set {key}")
         except SpecError as err:
