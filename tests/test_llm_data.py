@@ -11,6 +11,7 @@ from haepo_ray.llm.data import (
     Example,
     Splits,
     check_disjoint,
+    data_file,
     format_prompt,
     load_aclsum,
     load_examples,
@@ -82,6 +83,15 @@ def test_tldr_jsonl_in_each_schema(tmp_path):
     assert examples[0].prompt_id == "tldr/a1"
     assert examples[2].prompt_id == f"tldr/{path}:3"
     assert load_examples(f"tldr:{path}") == examples
+
+
+def test_a_tldr_file_under_home_may_be_written_with_a_tilde(tmp_path, monkeypatch):
+    """``data: tldr:~/posts.jsonl`` in a spec (or ``--data tldr:~/...``, which no shell expands):
+    read from the home folder, and made absolute for the trials from there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write_jsonl(tmp_path / "posts.jsonl", [{"post": "a post", "summary": "a tl;dr"}])
+    assert data_file("tldr:~/posts.jsonl") == tmp_path / "posts.jsonl"
+    assert [e.reference for e in load_examples("tldr:~/posts.jsonl")] == ["a tl;dr"]
 
 
 def test_tldr_parquet_through_datasets(tmp_path):

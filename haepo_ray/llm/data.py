@@ -125,7 +125,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    path = Path(path_or_id)
+    path = Path(path_or_id).expanduser()  # a spec's "tldr:~/posts.jsonl": no shell expands that "~"
     if path.suffix in (".jsonl", ".json", ".parquet") and not path.is_file():
         raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
     if path.suffix in (".jsonl", ".json"):
@@ -186,7 +186,7 @@ def data_file(data: str) -> Path | None:
     """The local file of ``tldr:PATH`` data (a :data:`DATA_FILE_SUFFIXES` path); None for
     ACLSum and a ``datasets`` id."""
     kind, sep, target = data.partition(":")
-    path = Path(target)
+    path = Path(target).expanduser()
     return path if kind == "tldr" and sep and path.suffix in DATA_FILE_SUFFIXES else None
 
 
