@@ -144,8 +144,6 @@ def _frozen_copy(model: Any) -> Any:
 def _with_adapter(model: Any, settings: LLMTrainSettings) -> Any:
     from peft import LoraConfig, get_peft_model
 
-    if problem := adapter_problem(model.config, settings.lora_target_modules):
-        raise ValueError(problem)  # peft would adapt fewer modules than the settings name
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
                         target_modules=list(settings.lora_target_modules), lora_dropout=0.0, bias="none")
     return get_peft_model(model, config)
@@ -186,7 +184,11 @@ class Policy:
     """The trained model and what each phase of a run needs from it (module docstring)."""
 
     def __init__(self, model: Any, settings: LLMTrainSettings, world: World = World()) -> None:
+        """ValueError when LoRA cannot adapt one of the settings' targets (:func:`adapter_problem`),
+        which peft, given several, would skip without a word."""
         self.settings, self.world = settings, world
+        if self.lora and (problem := adapter_problem(model.config, settings.lora_target_modules)):
+            raise ValueError(problem)
         self.model = model
         if settings.gradient_checkpointing:
             _checkpoint_layers(model)

@@ -84,7 +84,7 @@ from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, objective_of, rows_per_prompt
-from haepo_ray.llm.policy import Policy, adapter_problem, denormals
+from haepo_ray.llm.policy import Policy, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
 from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
 from haepo_ray.llm.run_log import GENERATIONS_FILE, METRICS_FILE, Callback, RunClock, RunWriter
@@ -126,14 +126,12 @@ class LLMRun:
             model, self.tokenizer = load_model(
                 settings.model, texts=(f"{e.source} {e.reference}" for e in self.splits.sft + self.splits.rl),
                 seed=settings.seed, dtype=torch_dtype(settings.weights_dtype))
-            if settings.lora_r and (problem := adapter_problem(model.config, settings.lora_target_modules)):
-                raise ValueError(problem)
+            model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
+            self.policy = Policy(model, settings, world)  # it refuses LoRA targets the model lacks
             self.out = Path(out_dir)
             if world.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)
                 (self.out / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
-            model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
-            self.policy = Policy(model, settings, world)
             self.reward_fn = reward_fn or SummaryReward(*settings.reward_weights)
             summary_metrics(["warm up"], ["warm up"])  # loads the encoder and scorers outside the timed updates
             self.callback = callback
