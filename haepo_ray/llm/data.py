@@ -126,7 +126,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _tldr_rows(path_or_id: str, split: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
     path = Path(path_or_id).expanduser()  # a spec's "tldr:~/posts.jsonl": no shell expands that "~"
-    if path.suffix in (".jsonl", ".json", ".parquet") and not path.is_file():
+    if path.suffix in DATA_FILE_SUFFIXES and not path.is_file():
         raise ValueError(f"TL;DR file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
     if path.suffix in (".jsonl", ".json"):
         yield from _jsonl_rows(path)

@@ -90,8 +90,8 @@ def head_problem(address: str) -> str | None:
     (``ray.init`` would retry it for minutes); ``auto`` is Ray's to find."""
     if address.startswith("ray://"):
         return (f"--address {address}: Ray Client addresses are not supported (the sweep's driver, which logs to "
-                "MLflow, must run inside the cluster); submit it as a job instead: ray job submit --address "
-                "http://HEAD:8265 -- haepo sweep SPEC --address auto")
+                "MLflow, must run inside the cluster); submit it as a job instead: haepo submit SPEC --address "
+                "http://HEAD:8265")
     if is_http_url(address):
         return (f"--address {address}: an HTTP address is a head's dashboard, where haepo submit sends jobs; haepo "
                 "sweep joins a running Ray at its GCS address, HOST:6379 (--address auto on one of its nodes)")

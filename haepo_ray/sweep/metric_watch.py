@@ -43,8 +43,8 @@ def missing_metric(metric: str, step_key: str, results: Iterable[Mapping[str, An
 def unlogged_glob(glob: str, result: Mapping[str, Any]) -> str:
     """What to say of a ``tracking.metrics`` glob that no result has matched, ``result`` (a
     trial's last) giving the keys closest to it."""
-    return (f"no result so far has a value that tracking.metrics {glob!r} selects ({_closest(glob, [flatten(result)])}):"
-            " MLflow logs nothing for it; fix tracking.metrics in the spec")
+    return (f"no result so far has a value that tracking.metrics {glob!r} selects "
+            f"({_closest(glob, [flatten(result)])}): MLflow logs nothing for it; fix tracking.metrics in the spec")
 
 
 def _closest(name: str, flat_results: Iterable[Mapping[str, Any]]) -> str:

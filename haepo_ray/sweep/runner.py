@@ -357,8 +357,9 @@ def run_sweep(
             recorder = results.TrialRecorder()
             # The watch first: its end (Tune has stopped the trials) comes before MLflow's flush,
             # which may take longer than a SIGTERM's grace and must not be cut short by it.
+            globs = (spec.tracking.metrics or ()) if callback else ()  # the spec's own, which MLflow logs
             callbacks = [watch] + ([callback] if callback else []) + list(extra_callbacks or []) \
-                + [recorder, MetricWatch(spec.metric, plan.step_key, (spec.tracking.metrics or ()) if callback else ())] \
+                + [recorder, MetricWatch(spec.metric, plan.step_key, globs)] \
                 + result_loggers() + tune_internals.sweep_callbacks()
             p(f"Ray Tune results: {run_dir}" + (" (resuming)" if resume else ""))
 

@@ -4,11 +4,13 @@ GPU memory), and what such a sweep cannot take (PBT, an env, checkpoint_at_end o
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from haepo_ray import names
+from haepo_ray.llm.data import data_file
 from haepo_ray.sweep.spec import PBTScheduler, SpecModel, SweepSpec
 
 __all__ = ["SPEC", "LLMSpec", "LLMSweepSpec", "claims"]
@@ -79,10 +81,6 @@ class LLMSweepSpec(SweepSpec):
         return self
 
     def relative_paths(self) -> dict[str, str]:
-        from pathlib import Path
-
-        from haepo_ray.llm.data import data_file
-
         data, model = data_file(self.llm.data), Path(self.llm.model)
         paths = {"llm.data": str(data)} if data is not None and not data.is_absolute() else {}
         return paths | ({"llm.model": self.llm.model} if not model.is_absolute() and model.is_dir() else {})
