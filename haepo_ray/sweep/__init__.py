@@ -3,6 +3,7 @@
 Data flows one way through these modules:
 
 - :mod:`~haepo_ray.sweep.spec`: the spec format every kind shares, validated (pure schema, no Ray);
+- :mod:`~haepo_ray.sweep.idle_scheduler`: whether the spec's scheduler would act before the trials end;
 - :mod:`~haepo_ray.sweep.kinds`: the kinds of trial, a package each (``rl``: RLlib algorithms
   on envs; ``llm``: language models), each with its spec keys, its
   :class:`~haepo_ray.sweep.plan_base.Plan` (param space, search keys, trial configs and

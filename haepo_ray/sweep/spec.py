@@ -96,6 +96,7 @@ from pydantic import (
 )
 
 from haepo_ray import names
+from haepo_ray.sweep.idle_scheduler import idle_scheduler
 from haepo_ray.tracking.schema import flatten
 
 DIST_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
@@ -242,23 +243,6 @@ class PBTScheduler(SpecModel):
             if dim.kind == "grid":
                 raise ValueError(f"{key}: pbt mutations take choice/uniform/loguniform/randint, not grid")
         return v
-
-
-# A scheduler's type -> the key of the iteration of its first decision, and what it then does.
-_FIRST_DECISION = {"asha": ("grace_period", "compares trials"), "pbt": ("perturbation_interval", "exploits")}
-
-
-def idle_scheduler(scheduler: FIFOScheduler | ASHAScheduler | PBTScheduler, last: int, ends: str,
-                   why: str) -> str | None:
-    """Why ``scheduler`` would never act on trials whose last result comes at iteration ``last``
-    (set by ``ends``; ``why`` it cannot act there), or None: ASHA first compares trials at
-    ``grace_period`` iterations, PBT first exploits at ``perturbation_interval``."""
-    key, what = _FIRST_DECISION.get(scheduler.type, (None, None))
-    if key is None or last > getattr(scheduler, key):
-        return None
-    return (f"scheduler {scheduler.type} would never act: it first {what} at scheduler.{key} "
-            f"({getattr(scheduler, key)}) iterations, and {ends} ({last}) ends every trial by then ({why}): "
-            + (f"lower scheduler.{key} below {last}, or raise {ends}" if last > 1 else f"raise {ends}"))
 
 
 Scheduler = Annotated[

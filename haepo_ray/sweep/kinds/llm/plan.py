@@ -36,13 +36,14 @@ from haepo_ray import names
 from haepo_ray.llm.data import data_file
 from haepo_ray.names import BATCH_SIZE_ALIAS
 from haepo_ray.sweep.cluster import Cluster, require_resources
+from haepo_ray.sweep.idle_scheduler import idle_scheduler
 from haepo_ray.sweep.kinds.llm.config import METHOD, RAY_TRAIN, RENAMES, trial_settings
 from haepo_ray.sweep.kinds.llm.fit import CONFIG_KEY, FIT_KEY, GPUFit, config_memory_key, estimate_keys
 from haepo_ray.sweep.kinds.llm.methods import method_errors, method_of, methods, unread_errors
 from haepo_ray.sweep.kinds.llm.model import model_problems
 from haepo_ray.sweep.kinds.llm.spec import LLMSweepSpec
 from haepo_ray.sweep.plan_base import Plan
-from haepo_ray.sweep.spec import SpecError, idle_scheduler
+from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking.schema import LLM_METRICS
 
 __all__ = ["PLAN", "LLMPlan"]
