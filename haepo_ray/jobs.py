@@ -277,7 +277,7 @@ def build_submission(args: SubmitOptions) -> Submission:
     except SpecError as err:
         raise JobError(f"invalid spec\n{err}") from None
     try:
-        uri = given_tracking_uri(args.tracking_uri)
+        uri = given_tracking_uri(args.tracking_uri, here=False)  # the job opens it, on the cluster
     except ValueError as err:
         raise JobError(str(err)) from None
 

@@ -168,7 +168,7 @@ def unknown_store(tracking_uri: str) -> str | None:
         _tracking_store_registry.get_store_builder(tracking_uri)
     except UnsupportedModelRegistryStoreURIException as err:  # (misnamed: raised for tracking stores too)
         schemes = sorted(s for s in err.supported_uri_schemes if s)
-        return f"MLflow has no tracking store for it; it takes a folder, or a URI of {', '.join(schemes)}"
+        return f"MLflow has no tracking store for it; it takes a URI of {', '.join(schemes)}"
     except MlflowException as err:
         return err.message
     return None
