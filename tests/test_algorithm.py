@@ -135,6 +135,46 @@ def test_every_algorithm_of_haepo_ray_takes_observations_that_are_not_a_box(algo
     assert connector_factories(kept)[0] is own
 
 
+
+def test_a_model_config_key_the_default_model_would_not_read_is_refused():
+    """RLlib's default RLModules ignore a key they do not read: with ``fcnet_hidden: [8]`` HAEPO
+    built the default [256, 256] without a word. A key the algorithm adds (DQN's ``dueling``) is
+    read; a custom RLModule's keys are its own."""
+    import gymnasium as gym
+    from ray.rllib.algorithms.bc.torch.default_bc_torch_rl_module import DefaultBCTorchRLModule
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from haepo_ray.rl import configs
+
+    config = configs.build_config("HAEPO", "CartPole-v1", settings={"model_config": {"fcnet_hidden": [8]}})
+    spaces = {DEFAULT_MODULE_ID: (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))}
+    widths = [m.out_features for m in config.get_rl_module_spec(spaces=spaces).build().modules()
+              if isinstance(m, torch.nn.Linear)]
+    assert widths == [256, 256, 2], widths  # RLlib alone: the typo dropped
+    with pytest.raises(ValueError) as err:
+        configs.validate(config)
+    assert str(err.value) == (
+        "HAEPO: model_config 'fcnet_hidden' (did you mean fcnet_hiddens?): RLlib's DefaultBCTorchRLModule would "
+        "not read it; it reads the fields of DefaultModelConfig (ray.rllib.core.rl_module.default_model_config), "
+        "and ignores any other key")
+    config.rl_module(model_config={"fcnet_hiddens": [8], "vf_share_layers:true": None, "use_attention": True})
+    assert configs.unread_model_keys(config).startswith(
+        "'use_attention', 'vf_share_layers:true' (YAML reads it as one key: write vf_share_layers: true, with a "
+        "space): RLlib's DefaultBCTorchRLModule would not read them;")
+    dqn = configs.build_config("DQN", "CartPole-v1", settings={"model_config": {"dueling": False, "twin_q": True}})
+    assert configs.unread_model_keys(dqn).startswith("'twin_q': RLlib's DefaultDQNTorchRLModule would not read it; "
+                                                     "it reads the fields of DefaultModelConfig")
+    assert "and double_q, dueling, epsilon, num_atoms, std_init, v_max, v_min," in configs.unread_model_keys(dqn)
+
+    class OwnModule(DefaultBCTorchRLModule):
+        pass
+
+    config.rl_module(rl_module_spec=RLModuleSpec(module_class=OwnModule))
+    assert configs.unread_model_keys(config) is None
+    assert configs.unread_model_keys(configs.build_config("PPO", "CartPole-v1", settings={
+        "model_config": {"fcnet_hiddens": [8], "vf_share_layers": True, "head_fcnet_hiddens": [4]}})) is None
+
 # --- Sampling ------------------------------------------------------------------------------
 
 

@@ -632,6 +632,16 @@ def test_rllib_settings_in_range_pass_and_a_searched_one_out_of_range_names_its_
         dry_run(plan, out=io.StringIO())
 
 
+
+def test_a_model_config_key_no_model_reads_is_refused_in_settings_and_in_a_trial(tmp_path):
+    message = _error(tmp_path, _spec(settings={"model_config": {"fcnet_hidden": [16]}}))
+    assert ": settings: HAEPO: model_config 'fcnet_hidden' (did you mean fcnet_hiddens?): RLlib's " in message, message
+    plan = parse_plan(_spec(search_space={"model_config": {"grid": [{"fcnet_hiddens": [8]}, {"free_logstd": True}]}}),
+                      "grid.yaml")
+    with pytest.raises(SpecError, match=r"grid\.yaml: trial 1 \{'model_config': \{'free_logstd': True\}\}: HAEPO: "
+                                        r"model_config 'free_logstd' \(did you mean free_log_std\?\)"):
+        dry_run(plan, out=io.StringIO())
+
 def test_dry_run_names_the_trial_whose_config_is_invalid():
     """The fixed settings are valid, one trial's search values are not (PPO's default
     minibatch of 128 exceeds a batch of 8): a SpecError naming the trial, no traceback."""

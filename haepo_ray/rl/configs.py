@@ -164,12 +164,50 @@ def validate(config: AlgorithmConfig) -> AlgorithmConfig:
         if hasattr(config, name) and not ok(getattr(config, name)):
             raise ValueError(f"{config.algo_class.__name__}: {name.rstrip('_')} must be {words}, "
                              f"got {getattr(config, name)!r}")
+    problem = unread_model_keys(config)
+    if problem:
+        raise ValueError(f"{config.algo_class.__name__}: model_config {problem}")
     rllib_internals.mute_new_stack_notice(config)
     try:
         config.validate()
     except Exception as err:
         raise ValueError(str(err).split("\nTo suppress")[0]) from None
     return config
+
+
+def unread_model_keys(config: AlgorithmConfig) -> str | None:
+    """Which keys of ``config``'s ``model_config`` its RLModule would not read, and what it reads,
+    else None. RLlib's default RLModules (``Default*RLModule``) read the fields of
+    ``DefaultModelConfig`` and the keys the algorithm adds itself (DQN's ``dueling`` ...), and
+    ignore any other without a word (``fcnet_hidden``; an old-stack key such as ``use_attention``
+    or ``post_fcnet_hiddens``); a custom RLModule's keys are its own (None)."""
+    import dataclasses
+
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    spec = config.rl_module_spec
+    module = getattr(spec, "module_class", None) if isinstance(spec, RLModuleSpec) else None
+    if module is None or not (module.__module__.startswith("ray.rllib.") and module.__name__.startswith("Default")):
+        return None
+    fields = {f.name for f in dataclasses.fields(DefaultModelConfig)}
+    own = set(type(config)().model_config) - fields
+    unread = sorted(set(rllib_internals.model_config(config)) - fields - own)
+    if not unread:
+        return None
+    return (", ".join(f"{key!r}{_model_key_hint(key, fields | own)}" for key in unread)
+            + f": RLlib's {module.__name__} would not read {'them' if len(unread) > 1 else 'it'}; it reads the fields "
+            + "of DefaultModelConfig (ray.rllib.core.rl_module.default_model_config)"
+            + (f" and {', '.join(sorted(own))}" if own else "") + ", and ignores any other key")
+
+
+def _model_key_hint(key: str, known: set[str]) -> str:
+    """What ``key`` of a ``model_config`` most likely meant, in parentheses; "" when unclear."""
+    name, colon, value = key.partition(":")
+    if colon and name.strip() in known:  # YAML's {a:b} is one key, "a:b"; {a: b} is a: b
+        return f" (YAML reads it as one key: write {name.strip()}: {value.strip()}, with a space)"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def check_model(config: AlgorithmConfig, observation_space, action_space) -> None:
