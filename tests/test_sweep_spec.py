@@ -642,6 +642,23 @@ def test_a_model_config_key_no_model_reads_is_refused_in_settings_and_in_a_trial
                                         r"model_config 'free_logstd' \(did you mean free_log_std\?\)"):
         dry_run(plan, out=io.StringIO())
 
+
+def test_a_seed_that_is_not_a_whole_number_is_refused_in_rl_and_lm_trials(tmp_path):
+    """Before, an RL trial of seed 0.5 failed at launch (NumPy's seed), and an LM trial's took
+    torch's int(0.5), the initialisation of seed 0, with sampling streams of its own."""
+    plan = parse_plan(_spec(search_space={"seed": {"grid": [0, 0.5]}}), "rl.yaml")
+    with pytest.raises(SpecError, match=r"rl\.yaml: trial 1 \{'seed': 0\.5\}: HAEPO: seed must be an integer in "):
+        dry_run(plan, out=io.StringIO())
+    for algorithm, seed in (("HAEPO", -1), ("PPO", 2**32)):  # NumPy's seeds are [0, 2**32); RLlib adds runner indices
+        message = _error(tmp_path, _spec(algorithm=algorithm, settings={"seed": seed}, search_space={}))
+        assert f": settings: {algorithm}: seed must be an integer in [0, 2**31), or null (unseeded), got {seed}" \
+            in message, message
+    lm = load_yaml((REPO / "tune_configs" / "llm_smoke.yaml").read_text())
+    lm["search_space"]["seed"] = {"grid": [1, 1.5]}
+    with pytest.raises(SpecError, match=r"lm\.yaml: trial 3 \{'algorithm': 'HAEPO', 'seed': 1\.5\}: seed must be an "
+                                        r"integer >= 0, got 1\.5"):
+        dry_run(parse_plan(lm, "lm.yaml"), out=io.StringIO())
+
 def test_dry_run_names_the_trial_whose_config_is_invalid():
     """The fixed settings are valid, one trial's search values are not (PPO's default
     minibatch of 128 exceeds a batch of 8): a SpecError naming the trial, no traceback."""

@@ -179,7 +179,7 @@ class LLMTrainSettings:
     reward_weights: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)  # token F1, cosine, length closeness
 
     def __post_init__(self) -> None:
-        counts = {"sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
+        counts = {"seed": 0, "sft_examples": 0, "rl_updates": 0, "batch_prompts": 1, "group_size": 1, "sft_batch": 1,
                   "max_new_tokens": 1, "min_new_tokens": 1, "max_source_words": 1, "micro_batch_size": 0,
                   "eval_prompts": 1, "eval_every": 0, "split_seed": 0, "lora_r": 0, "logits_chunk": 1,
                   "num_iterations": 1, "eval_samples": 1, "kl_samples": 1, "eval_batch": 1}

@@ -135,10 +135,11 @@ def _schedule_of(ok: Callable[[float], bool]) -> Callable[[Any], bool]:
     return check
 
 
-# RLlib's own training settings that its validate() lets through out of range: attribute ->
+# RLlib's own settings that its validate() lets through out of range: attribute ->
 # (check, what it must be), named in errors as specs name them (lambda). Only those an
 # algorithm's config has are checked (lambda_, clip_param ... are PPO's).
 SETTING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": (lambda v: v is None or (_integer(v, 0) and v < 2**31), "an integer in [0, 2**31), or null (unseeded)"),
     "lr": (_schedule_of(lambda v: v > 0), "a finite number > 0, or a schedule [[timestep, value], ...] of them"),
     "gamma": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "grad_clip": (lambda v: v is None or (_finite(v) and v > 0), "null or a finite number > 0"),
