@@ -157,6 +157,21 @@ def test_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(tiny_lm)
                                atol=1e-3, check_dtype=False)  # the same loss, computed in bfloat16
 
 
+
+def test_pure_float16_training_is_refused_because_adamw_in_float16_steps_to_nan():
+    """AdamW's eps (1e-8) is 0 in float16, and so is the second moment of a gradient below about
+    5e-3: a run of the tiny LM trained NaN weights at its first update, then failed in sampling.
+    Evaluation alone, and mixed precision, keep float32 weights or take no step."""
+    weights = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    weights.grad = torch.tensor([0.0, 1e-3, 1.0], dtype=torch.float16)
+    torch.optim.AdamW([weights], lr=1e-3).step()
+    assert weights[0].isnan() and weights[1].isinf() and weights[2].isfinite()
+    with pytest.raises(ValueError, match=r"^dtype float16 with precision 'pure' trains AdamW in float16, where its eps "
+                                         r"\(1e-8\) is 0: .* use precision 'mixed' .* or dtype bfloat16$"):
+        LLMTrainSettings(dtype="float16", sft_examples=0)
+    for ok in ({"precision": "mixed"}, {"sft_examples": 0, "rl_updates": 0}):
+        assert LLMTrainSettings(dtype="float16", **ok).dtype == "float16"
+
 def test_grpo_iterations_take_the_ratio_to_the_old_policy(tiny_lm, monkeypatch):
     model, tokenizer = tiny_lm
     batch = group_batch(tokenizer)

@@ -261,6 +261,8 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
     (["--group-size", "0"], "group_size must be an integer >= 1, got 0"),
     (["--seed", "-1", "--sft-examples", "0", "--rl-updates", "1", "--batch-prompts", "1", "--max-new-tokens", "2",
       "--eval-prompts", "1"], "seed must be an integer >= 0, got -1"),  # small: it ran before
+    (["--dtype", "float16", "--sft-examples", "0", "--rl-updates", "1", "--batch-prompts", "1", "--max-new-tokens",
+      "2", "--eval-prompts", "1"], "dtype float16 with precision 'pure' trains AdamW in float16"),  # it made NaNs
     (["--group-size", "1"], "group_size 1: HAEPO's weights are a softmax over the group, and a group of one has "
      "weight 1, so the RL updates cannot learn from the reward's value: use group_size >= 2"),
     (["--eval-batch", "0"], "eval_batch must be an integer >= 1, got 0"),

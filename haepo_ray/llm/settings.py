@@ -233,6 +233,11 @@ class LLMTrainSettings:
         if self.precision == "mixed" and self.dtype not in ("bfloat16", "float16"):
             raise ValueError(f"precision 'mixed' computes in a half-precision dtype: dtype must be bfloat16 or "
                              f"float16, got {self.dtype!r}")
+        if self.dtype == "float16" and self.precision == "pure" and (self.sft_examples or self.rl_updates):
+            raise ValueError("dtype float16 with precision 'pure' trains AdamW in float16, where its eps (1e-8) is 0: "
+                             "a weight whose gradient is 0, or below about 5e-3, becomes NaN or inf at the first step "
+                             "(0/0, x/0): use precision 'mixed' (float32 weights and AdamW, the passes in float16) or "
+                             "dtype bfloat16")
 
     def evaluated_after(self, update: int) -> bool:
         """Whether the held-out evaluation runs after RL update ``update``: every
