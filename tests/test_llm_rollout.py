@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from haepo_ray.llm.rollout import (
-    _until_first_eos, completion_batch, completion_logits, concat_batches, generate, sequence_logp, token_kl,
-    token_stats)
+    _until_first_eos, completion_batch, completion_logits, concat_batches, context_problem, generate, sequence_logp,
+    token_kl, token_stats)
 
 PROMPTS = ["the model writes", "we propose a method for parsing the paper"]
 COMPLETIONS = ["a short summary of the paper", "results"]
@@ -94,6 +94,26 @@ def test_generate_groups_and_masks(tiny_lm):
     decoded = tokenizer.batch_decode(batch.input_ids[:, batch.prompt_width:], skip_special_tokens=True)
     assert [d.strip() for d in decoded] == texts
 
+
+
+def test_sampling_past_the_models_context_is_refused_before_the_run_and_before_generate(tiny_lm):
+    """transformers only warns (the tiny Llama's 2048 positions: a run of max_new_tokens 100000
+    sampled on past them), and a model with learned positions has none past its context."""
+    from haepo_ray.llm.policy import Policy
+    from haepo_ray.llm.settings import LLMTrainSettings
+
+    model, tokenizer = tiny_lm
+    context = model.config.max_position_embeddings
+    assert context_problem(model.config, context - 1) is None
+    assert context_problem(model.config, context) == (
+        f"max_new_tokens {context} overruns the llama model's context of {context} tokens (max_position_embeddings, "
+        "prompt included): give fewer max_new_tokens")
+    with pytest.raises(ValueError, match=f"^max_new_tokens {context} overruns the llama model's context"):
+        Policy(model, LLMTrainSettings(model="tiny", max_new_tokens=context))
+    prompt = " ".join(["the model writes"] * 700)  # about 2100 tokens
+    with pytest.raises(ValueError, match=r"^a prompt of \d+ tokens and max_new_tokens 5 overrun the llama model's "
+                                         r"context of 2048 tokens .* give fewer max_new_tokens or max_source_words$"):
+        generate(model, tokenizer, [prompt], group_size=1, max_new_tokens=5)
 
 def test_static_decoding_generates_what_dynamic_decoding_generates(tiny_lm):
     model, tokenizer = tiny_lm

@@ -659,6 +659,15 @@ def test_a_seed_that_is_not_a_whole_number_is_refused_in_rl_and_lm_trials(tmp_pa
                                         r"integer >= 0, got 1\.5"):
         dry_run(parse_plan(lm, "lm.yaml"), out=io.StringIO())
 
+
+def test_an_lm_trial_whose_max_new_tokens_overrun_the_models_context_is_refused(tmp_path):
+    lm = load_yaml((REPO / "tune_configs" / "llm_smoke.yaml").read_text())
+    lm["search_space"]["max_new_tokens"] = {"grid": [8, 4096]}
+    del lm["settings"]["max_new_tokens"]
+    with pytest.raises(SpecError, match=r"^lm\.yaml: search_space\.max_new_tokens 4096 overruns the llama model's "
+                                        r"context of 2048 tokens \(max_position_embeddings, prompt included\)"):
+        dry_run(parse_plan(lm, "lm.yaml"), out=io.StringIO())
+
 def test_dry_run_names_the_trial_whose_config_is_invalid():
     """The fixed settings are valid, one trial's search values are not (PPO's default
     minibatch of 128 exceeds a batch of 8): a SpecError naming the trial, no traceback."""

@@ -51,7 +51,7 @@ from torch import Tensor
 
 from haepo_ray.llm.distributed import World
 from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, group_loss, objective_of
-from haepo_ray.llm.rollout import Batch, completion_logits, token_kl, token_stats
+from haepo_ray.llm.rollout import Batch, completion_logits, context_problem, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
 __all__ = ["Phase", "Policy", "adapter_problem", "denormals", "model_passes", "no_phase"]
@@ -185,9 +185,12 @@ class Policy:
 
     def __init__(self, model: Any, settings: LLMTrainSettings, world: World = World()) -> None:
         """ValueError when LoRA cannot adapt one of the settings' targets (:func:`adapter_problem`),
-        which peft, given several, would skip without a word."""
+        which peft, given several, would skip without a word, or when ``max_new_tokens`` alone
+        overruns the model's context (:func:`~haepo_ray.llm.rollout.context_problem`)."""
         self.settings, self.world = settings, world
         if self.lora and (problem := adapter_problem(model.config, settings.lora_target_modules)):
+            raise ValueError(problem)
+        if problem := context_problem(model.config, settings.max_new_tokens):
             raise ValueError(problem)
         self.model = model
         if settings.gradient_checkpointing:

@@ -122,10 +122,27 @@ def sampling_kwargs(*, eos_token_id: list[int], pad_token_id: int, max_new_token
             "pad_token_id": pad_token_id, "eos_token_id": eos_token_id, **sampling, **cache}
 
 
+def context_problem(config: Any, max_new_tokens: int, prompt_tokens: int | None = None) -> str | None:
+    """Why ``max_new_tokens`` after a prompt of ``prompt_tokens`` (None: of any length, one token
+    at least) overrun the context of a model of transformers ``config`` (its
+    ``max_position_embeddings``: rotary positions past it were never trained, learned ones do not
+    exist), else None."""
+    context = getattr(config, "max_position_embeddings", None)
+    if context is None or (prompt_tokens or 1) + max_new_tokens <= context:
+        return None
+    given = f"max_new_tokens {max_new_tokens} overruns" if prompt_tokens is None else \
+        f"a prompt of {prompt_tokens} tokens and max_new_tokens {max_new_tokens} overrun"
+    return (f"{given} the {config.model_type} model's context of {context} tokens (max_position_embeddings, prompt "
+            "included): give fewer max_new_tokens" + ("" if prompt_tokens is None else " or max_source_words"))
+
+
 @torch.no_grad()
 def sample_completions(model: Any, ids: Tensor, mask: Tensor, **sampling: Any) -> Tensor:
     """Completion token ids [N, T] after the left-padded prompt rows ``ids``, with transformers'
-    ``generate`` and its KV cache; ``sampling`` as :func:`sampling_kwargs` takes them."""
+    ``generate`` and its KV cache; ``sampling`` as :func:`sampling_kwargs` takes them. ValueError
+    when the prompts and ``max_new_tokens`` overrun the model's context (:func:`context_problem`)."""
+    if problem := context_problem(model.config, sampling["max_new_tokens"], ids.shape[1]):
+        raise ValueError(problem)
     out = model.generate(input_ids=ids, attention_mask=mask, **sampling_kwargs(**sampling))
     return out[:, ids.shape[1]:]
 

@@ -209,9 +209,8 @@ class LLMPlan(Plan):
         from haepo_ray.sweep.planned import PlannedTrial, planned_trials
 
         planned = planned_trials(self)
-        lora_from = "search_space" if "lora_target_modules" in spec.search_space else "settings"
         problems = model_problems(llm.model, (self.trial_config(t.values, validate=False)
-                                              for t in planned or [PlannedTrial(0, {})]), lora_from=lora_from)
+                                              for t in planned or [PlannedTrial(0, {})]), searched=spec.search_space)
         if problems:
             raise SpecError("\n".join(f"{spec.source or '<spec>'}: {problem}" for problem in problems))
         if not (llm.use_gpu or llm.gpu_memory_gb):
