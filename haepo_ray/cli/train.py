@@ -223,7 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:  # HAEPO's env runner's overrides, before Ray starts (their warning is logged where they apply)
         upstream.check(("rllib",))
         uri = None if args.no_tracking else tracking.resolve_tracking_uri(args.tracking_uri)
-    except (upstream.UpstreamVersionError, upstream.PatchSettingError, ValueError) as err:
+    except (upstream.UpstreamVersionError, ValueError) as err:  # PatchSettingError is a ValueError
         raise UsageError(str(err)) from None
     import ray
 
