@@ -36,13 +36,16 @@ fi
 experiments=("$@")
 [ ${#experiments[@]} -gt 0 ] || experiments=(chain_mdp newsvendor cartpole random_walk_n10
                                              random_walk_n20 bandit_k10 bandit_k20 bandit_k30)
+for experiment in "${experiments[@]}"; do  # every name first: a typo after hours of sweeps loses them
+    specs=(tune_configs/paper/"${experiment}"_*.yaml)
+    if [ ! -e "${specs[0]}" ]; then
+        echo "no specs tune_configs/paper/${experiment}_*.yaml: nothing run" >&2
+        exit 2
+    fi
+done
 status=0
 for experiment in "${experiments[@]}"; do
     specs=(tune_configs/paper/"${experiment}"_*.yaml)
-    if [ ! -e "${specs[0]}" ]; then
-        echo "no specs tune_configs/paper/${experiment}_*.yaml" >&2
-        exit 2
-    fi
     names=()
     for spec in "${specs[@]}"; do
         name=$(basename "$spec" .yaml)

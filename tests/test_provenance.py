@@ -179,6 +179,10 @@ def test_reproduce_sh_refuses_runs_made_by_another_commit(tmp_path):
         return subprocess.run([str(REPO / "bench" / "reproduce.sh"), "chain_mdp"], env=env, capture_output=True,
                               text=True, timeout=300)
 
+    typo = subprocess.run([str(REPO / "bench" / "reproduce.sh"), "chain_mdp", "chain_mpd"], capture_output=True,
+                          text=True, timeout=60, env={**env, "REPORT_ONLY": "", "HAEPO": "/nonexistent/haepo"})
+    assert (typo.returncode, typo.stdout) == (2, ""), typo.stdout  # chain_mdp's sweeps ran before
+    assert typo.stderr.endswith("no specs tune_configs/paper/chain_mpd_*.yaml: nothing run\n"), typo.stderr
     first = reproduce()
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     assert (tmp_path / "report-chain_mdp" / "provenance.csv").read_text().count(head[:12]) == 1
