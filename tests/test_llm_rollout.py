@@ -112,8 +112,12 @@ def test_sampling_past_the_models_context_is_refused_before_the_run_and_before_g
         Policy(model, LLMTrainSettings(model="tiny", max_new_tokens=context))
     prompt = " ".join(["the model writes"] * 700)  # about 2100 tokens
     with pytest.raises(ValueError, match=r"^a prompt of \d+ tokens and max_new_tokens 5 overrun the llama model's "
-                                         r"context of 2048 tokens .* give fewer max_new_tokens or max_source_words$"):
+                                         r"context of 2048 tokens .* give fewer max_new_tokens, or shorter prompts$"):
         generate(model, tokenizer, [prompt], group_size=1, max_new_tokens=5)
+    from haepo_ray.llm.capacity.estimate import estimate  # haepo llm memory --prompt-tokens, a sweep's estimates
+
+    with pytest.raises(ValueError, match=r"^a prompt of 2000 tokens and max_new_tokens 49 overrun the llama model's"):
+        estimate(LLMTrainSettings(model="tiny", max_new_tokens=49), prompt_tokens=2000)
 
 def test_static_decoding_generates_what_dynamic_decoding_generates(tiny_lm):
     model, tokenizer = tiny_lm

@@ -664,9 +664,18 @@ def test_an_lm_trial_whose_max_new_tokens_overrun_the_models_context_is_refused(
     lm = load_yaml((REPO / "tune_configs" / "llm_smoke.yaml").read_text())
     lm["search_space"]["max_new_tokens"] = {"grid": [8, 4096]}
     del lm["settings"]["max_new_tokens"]
+    with pytest.raises(SpecError, match=r"^lm\.yaml: llm\.prompt_tokens and search_space\.max_new_tokens: a prompt "
+                                        r"of 512 tokens and max_new_tokens 4096 overrun the llama model's context of "
+                                        r"2048 tokens \(max_position_embeddings, prompt included\)"):
+        dry_run(parse_plan(lm, "lm.yaml"), out=io.StringIO())  # memory estimated: llm.gpu_memory_gb 40
+    del lm["llm"]["gpu_memory_gb"]  # not estimated: llm.prompt_tokens unread, the model's context alone
     with pytest.raises(SpecError, match=r"^lm\.yaml: search_space\.max_new_tokens 4096 overruns the llama model's "
                                         r"context of 2048 tokens \(max_position_embeddings, prompt included\)"):
         dry_run(parse_plan(lm, "lm.yaml"), out=io.StringIO())
+    lm["llm"].update(gpu_memory_gb=40, prompt_tokens=2041)
+    lm["search_space"]["max_new_tokens"] = {"grid": [7, 8]}
+    with pytest.raises(SpecError, match=r"search_space\.max_new_tokens: a prompt of 2041 tokens and max_new_tokens 8 "):
+        dry_run(parse_plan(lm, "lm.yaml"), out=io.StringIO())  # before: a ValueError traceback from the estimate
 
 def test_dry_run_names_the_trial_whose_config_is_invalid():
     """The fixed settings are valid, one trial's search values are not (PPO's default

@@ -133,7 +133,7 @@ def context_problem(config: Any, max_new_tokens: int, prompt_tokens: int | None 
     given = f"max_new_tokens {max_new_tokens} overruns" if prompt_tokens is None else \
         f"a prompt of {prompt_tokens} tokens and max_new_tokens {max_new_tokens} overrun"
     return (f"{given} the {config.model_type} model's context of {context} tokens (max_position_embeddings, prompt "
-            "included): give fewer max_new_tokens" + ("" if prompt_tokens is None else " or max_source_words"))
+            "included): give fewer max_new_tokens" + ("" if prompt_tokens is None else ", or shorter prompts"))
 
 
 @torch.no_grad()

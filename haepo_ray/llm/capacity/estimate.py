@@ -89,7 +89,8 @@ def key_settings(values: Mapping[str, Any]) -> LLMTrainSettings:
 def estimate(settings: LLMTrainSettings, *, prompt_tokens: int = PROMPT_TOKENS, workers: int = 1,
              target: str = "cuda") -> StepEstimate:
     """The simulated steps of worker 0 of a trial with ``settings`` on ``workers`` workers.
-    ValueError for an unknown model or a batch that does not split over the workers."""
+    ValueError for an unknown model, a batch that does not split over the workers, or prompts
+    and completions that overrun the model's context."""
     if workers < 1 or settings.batch_prompts % workers:
         raise ValueError(f"batch_prompts ({settings.batch_prompts}) must be a multiple of the workers ({workers})")
     return _cached(memory_key(settings), prompt_tokens, workers, target)
@@ -100,12 +101,15 @@ def _cached(key: tuple, prompt_tokens: int, workers: int, target: str) -> StepEs
     from haepo_ray.llm.capacity.simulate import simulate
     from haepo_ray.llm.capacity.steps import Shapes
     from haepo_ray.llm.capacity.stored import simulation_key, stored_simulation
+    from haepo_ray.llm.rollout import context_problem
 
     settings = key_settings(dict(zip(MEMORY_FIELDS, key, strict=True)))
     worker = dataclasses.replace(settings, batch_prompts=settings.batch_prompts // workers,
                                  sft_batch=math.ceil(settings.sft_batch / workers))
     shapes = Shapes(prompt_tokens, settings.max_new_tokens)
     config = model_config(settings.model)
+    if problem := context_problem(config, settings.max_new_tokens, prompt_tokens):
+        raise ValueError(problem)  # a step no trial can take
     est = stored_simulation(simulation_key(key, prompt_tokens, workers, target, config),
                             lambda: simulate(worker, config, shapes, target=target))
     return with_overheads(est, workers)

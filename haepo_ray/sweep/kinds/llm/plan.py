@@ -209,11 +209,13 @@ class LLMPlan(Plan):
         from haepo_ray.sweep.planned import PlannedTrial, planned_trials
 
         planned = planned_trials(self)
+        estimated = llm.use_gpu or llm.gpu_memory_gb  # each trial's memory, with prompts of llm.prompt_tokens
         problems = model_problems(llm.model, (self.trial_config(t.values, validate=False)
-                                              for t in planned or [PlannedTrial(0, {})]), searched=spec.search_space)
+                                              for t in planned or [PlannedTrial(0, {})]), searched=spec.search_space,
+                                  prompt_tokens=llm.prompt_tokens if estimated else None)
         if problems:
             raise SpecError("\n".join(f"{spec.source or '<spec>'}: {problem}" for problem in problems))
-        if not (llm.use_gpu or llm.gpu_memory_gb):
+        if not estimated:
             return self
         if llm.gpu_memory_gb:
             limit, source = llm.gpu_memory_gb, "llm.gpu_memory_gb"
