@@ -653,6 +653,10 @@ def test_a_seed_that_is_not_a_whole_number_is_refused_in_rl_and_lm_trials(tmp_pa
         message = _error(tmp_path, _spec(algorithm=algorithm, settings={"seed": seed}, search_space={}))
         assert f": settings: {algorithm}: seed must be an integer in [0, 2**31), or null (unseeded), got {seed}" \
             in message, message
+    for seed, must in ((-1, "greater than or equal to 0"), (2**32, "less than 4294967296")):  # a ValueError traceback
+        message = _error(tmp_path, _spec(search={"algorithm": "random", "seed": seed}, search_space={
+            "lr": {"uniform": [1e-3, 1e-2]}}))
+        assert f"search.seed: Input should be {must}" in message, message
     lm = load_yaml((REPO / "tune_configs" / "llm_smoke.yaml").read_text())
     lm["search_space"]["seed"] = {"grid": [1, 1.5]}
     with pytest.raises(SpecError, match=r"lm\.yaml: trial 3 \{'algorithm': 'HAEPO', 'seed': 1\.5\}: seed must be an "

@@ -203,7 +203,7 @@ def _is_number(x: Any) -> bool:
 class SearchSettings(SpecModel):
     algorithm: Literal["grid", "random", "optuna"] = "grid"
     num_samples: int = Field(1, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**32, description="NumPy's seeds (Tune's draws, Optuna's TPE)")
 
 
 class FIFOScheduler(SpecModel):
