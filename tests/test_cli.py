@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GRID_2D, SMOKE, free_port, kill_tree, sigint_as_in_a_terminal, sqlite_store
+from helpers import GRID_2D, SMOKE, forbid_ray_start, free_port, kill_tree, sigint_as_in_a_terminal, sqlite_store
 
 from haepo_ray.cli import main
 from haepo_ray import names
@@ -94,6 +94,17 @@ def test_train_rejects_bad_input_before_starting_ray(args, message, capsys, monk
     assert main(["train", *args]) == 2
     assert message in capsys.readouterr().err
 
+
+
+def test_an_empty_experiment_name_is_a_usage_error(capsys, monkeypatch, tmp_path):
+    """haepo train logged to its default experiment, 'train', without a word."""
+    forbid_ray_start(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    for command in (["train", "--env", "haepo/ChainMDP-v0"], ["report"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--experiment", " "])
+        assert exit_.value.code == 2
+        assert "argument --experiment: ' ' is empty: give a name, or leave --experiment out" in capsys.readouterr().err
 
 def test_set_values_are_yaml_as_a_spec_reads_it():
     """``1e-3`` is a float, as in a spec (plain YAML 1.1 reads the string '1e-3')."""

@@ -27,10 +27,17 @@ def add_tracking_uri(p: argparse.ArgumentParser, help: str = TRACKING_URI_HELP) 
 
 def add_experiment(p: argparse.ArgumentParser, help: str = EXPERIMENT_HELP, *, repeat: bool = False,
                    folder: bool = False) -> None:
-    """``--experiment NAME``; with ``folder`` (a sweep's: it names the folder of its runs) a
-    name that is not one folder is a usage error (:func:`~haepo_ray.sweep.paths.check_experiment`)."""
+    """``--experiment NAME``; an empty name is a usage error (``haepo train`` took the default
+    for it), and with ``folder`` (a sweep's: it names the folder of its runs) so is a name that is
+    not one folder (:func:`~haepo_ray.sweep.paths.check_experiment`)."""
     p.add_argument("--experiment", metavar="NAME", help=help, action="append" if repeat else "store",
-                   type=_folder_name if folder else str)
+                   type=_folder_name if folder else _non_empty)
+
+
+def _non_empty(name: str) -> str:
+    if not name.strip():
+        raise argparse.ArgumentTypeError(f"{name!r} is empty: give a name, or leave --experiment out")
+    return name
 
 
 def _folder_name(name: str) -> str:
