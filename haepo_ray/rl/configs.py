@@ -9,6 +9,7 @@ gives every algorithm), the env, the resources, and the settings by name
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -182,17 +183,13 @@ def unread_model_keys(config: AlgorithmConfig) -> str | None:
     ``DefaultModelConfig`` and the keys the algorithm adds itself (DQN's ``dueling`` ...), and
     ignore any other without a word (``fcnet_hidden``; an old-stack key such as ``use_attention``
     or ``post_fcnet_hiddens``); a custom RLModule's keys are its own (None)."""
-    import dataclasses
-
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     spec = config.rl_module_spec
     module = getattr(spec, "module_class", None) if isinstance(spec, RLModuleSpec) else None
     if module is None or not (module.__module__.startswith("ray.rllib.") and module.__name__.startswith("Default")):
         return None
-    fields = {f.name for f in dataclasses.fields(DefaultModelConfig)}
-    own = set(type(config)().model_config) - fields
+    fields, own = _model_keys(type(config))
     unread = sorted(set(rllib_internals.model_config(config)) - fields - own)
     if not unread:
         return None
@@ -202,7 +199,19 @@ def unread_model_keys(config: AlgorithmConfig) -> str | None:
             + (f" and {', '.join(sorted(own))}" if own else "") + ", and ignores any other key")
 
 
-def _model_key_hint(key: str, known: set[str]) -> str:
+@functools.cache
+def _model_keys(config_class: type) -> tuple[frozenset[str], frozenset[str]]:
+    """``DefaultModelConfig``'s fields, and the model-config keys ``config_class`` adds of its own
+    (once per class: :func:`validate` checks every trial of a sweep)."""
+    import dataclasses
+
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    fields = frozenset(f.name for f in dataclasses.fields(DefaultModelConfig))
+    return fields, frozenset(config_class().model_config) - fields
+
+
+def _model_key_hint(key: str, known: frozenset[str]) -> str:
     """What ``key`` of a ``model_config`` most likely meant, in parentheses; "" when unclear."""
     name, colon, value = key.partition(":")
     if colon and name.strip() in known:  # YAML's {a:b} is one key, "a:b"; {a: b} is a: b
