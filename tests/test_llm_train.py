@@ -93,6 +93,20 @@ def test_output_files_follow_the_documented_schema(tmp_path, common_words):
     assert config["algo"] == "HAEPO" and config["micro_batch_size"] == 3
 
 
+def test_a_float16_run_logs_each_steps_overflows_and_loses_no_step(tmp_path, common_words, monkeypatch):
+    """A scaler that starts at 2**40 (float16's gradients overflow) gives the first step of SFT and
+    of RL overflows, counted in their rows; the steps after begin at the scale found."""
+    scaler = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda *args, **kwargs: scaler(*args, **kwargs, init_scale=2.0 ** 40))
+    rows = train(_settings(dtype="float16", precision="mixed", sft_examples=4, sft_batch=2, rl_updates=2),
+                 tmp_path, reward_fn=common_words)
+    assert [(r["phase"], r["update"]) for r in rows] == [("sft", 1), ("sft", 2), ("rl", 1), ("rl", 2)]
+    assert [r["float16_overflows"] > 0 for r in rows] == [True, False, True, False], rows
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert set(rows[0]) == {"update", "phase", "time_s", "loss", "float16_overflows"}
+    assert set(rows[2]) == RL_KEYS | {"float16_overflows"}
+
+
 def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, common_words):
     """The held-out prompts (none of whose texts SFT or RL sees) are evaluated after updates 2
     and 3 (eval_every 2, and the last), eval_batch prompts per call, each with a greedy

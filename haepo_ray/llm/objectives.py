@@ -192,19 +192,21 @@ def chunks(n: int, size: int) -> list[slice]:
 
 def backward(
     model: Any, batch: Batch, loss_fn: TokenLoss, *, micro_batch_size: int, with_entropy: bool = False,
-    stats: TokenStats = token_stats,
+    stats: TokenStats = token_stats, scale: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Back-propagate ``loss_fn`` of the model's token ``stats`` on ``batch`` into the parameters.
 
     ``micro_batch_size`` >= len(batch) (or 0) runs the whole batch in one graph; smaller runs
-    the exact micro-batched backward of the module docstring. Returns the detached loss and
-    the detached token log-probs [N, T].
+    the exact micro-batched backward of the module docstring. ``scale`` (a loss scaler's) makes
+    the loss that is back-propagated. Returns the detached loss (unscaled) and the detached
+    token log-probs [N, T].
     """
     n = len(batch)
+    scale = scale or (lambda loss: loss)
     if micro_batch_size <= 0 or micro_batch_size >= n:
         logp, entropy = stats(model, batch, with_entropy)
         loss = loss_fn(logp, entropy)
-        loss.backward()
+        scale(loss).backward()
         return loss.detach(), logp.detach()
     slices = chunks(n, micro_batch_size)
     with torch.no_grad():
@@ -213,7 +215,7 @@ def backward(
     entropy = torch.cat([s[1] for s in per_chunk]).requires_grad_(True) if with_entropy else None
     loss = loss_fn(logp, entropy)
     leaves = [logp] if entropy is None else [logp, entropy]
-    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    grads = torch.autograd.grad(scale(loss), leaves, allow_unused=True)
     grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
     for c in slices:
         mb_logp, mb_entropy = stats(model, batch.rows(c), with_entropy)

@@ -27,7 +27,8 @@ other tools' (TRL's ``GRPOTrainer``); those marked = give the same loss and grad
 - ``logits`` (=): how the passes get token log-probs (:func:`~haepo_ray.llm.rollout.token_stats`).
 - ``precision``: ``pure`` as above; ``mixed`` float32 weights, gradients and AdamW state (the
   model is loaded in :attr:`~haepo_ray.llm.settings.LLMTrainSettings.weights_dtype`), every
-  model pass and generation under ``torch.autocast`` to ``dtype`` (:meth:`Policy.autocast`).
+  model pass and generation under ``torch.autocast`` to ``dtype`` (:meth:`Policy.autocast`);
+  with float16, dynamic loss scaling (:attr:`Policy.scaler`).
 - ``adamw`` (=): AdamW's multi-tensor (``foreach``) or per-parameter step; ``auto`` lets torch
   choose (:attr:`Policy.foreach`).
 - ``num_iterations`` (GRPO): with n > 1, :meth:`Policy.rl_update` computes the old policy's
@@ -44,7 +45,7 @@ import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -57,6 +58,7 @@ from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 __all__ = ["Phase", "Policy", "adapter_problem", "denormals", "model_passes", "no_phase"]
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]  # phase name -> context
+T = TypeVar("T")
 
 
 def no_phase(name: str) -> contextlib.AbstractContextManager[None]:
@@ -202,6 +204,15 @@ class Policy:
         # multi-tensor "foreach", CPU: one parameter at a time); the simulator of a CUDA step, on
         # CPU tensors, sets True.
         self.foreach: bool | None = None
+        # Dynamic loss scaling (torch.amp.GradScaler) with float16 mixed precision: unscaled, a
+        # gradient below float16's least subnormal (6e-8) is 0 in the passes (6.8-13.6% of SmolLM2-
+        # 135M's nonzero gradient entries in one ACLSum batch of SFT, HAEPO, GRPO and DPO:
+        # BENCHMARKS.md), and AdamW, which scales each entry alone, never moves those weights. Each
+        # optimiser gets a fresh scaler (:meth:`start_sft`, :meth:`start_rl`); the simulator's fake
+        # tensors have no values to find an inf in, and it turns scaling off (its tensors are scalars).
+        self.loss_scaling = settings.loss_scaling
+        self.scaler: torch.amp.GradScaler | None = None
+        self.overflows = 0  # gradients computed again at half the scale (:meth:`_step`)
 
     @property
     def lora(self) -> bool:
@@ -215,8 +226,33 @@ class Policy:
         return autocast(self.settings)
 
     def _optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """AdamW on the trainable parameters, and a fresh :attr:`scaler` for it."""
         foreach = {"foreach": True, "per_parameter": False}.get(self.settings.adamw, self.foreach)
+        self.scaler = torch.amp.GradScaler(torch.device(self.settings.device).type, enabled=self.loss_scaling)
         return torch.optim.AdamW(self.trainable(), lr=lr, foreach=foreach)
+
+    def _step(self, gradients: Callable[[], T], phase: Phase = no_phase) -> T:
+        """``gradients()`` (the scaled gradients, summed over the workers), then the optimiser step
+        on them unscaled; returns what ``gradients`` did. Where a gradient is inf or NaN the scaler
+        takes no step and halves the scale, and the gradients are computed again (:attr:`overflows`
+        counts it): torch's recipe skips the step, which here would lose an update's samples and
+        give the methods of a sweep different numbers of steps. Every worker sees the same summed
+        gradients, so all compute again together. Still not finite at a scale of 1: a
+        FloatingPointError, before any step."""
+        while True:
+            out = gradients()
+            scale = self.scaler.get_scale()
+            with phase("optimizer"):
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler.get_scale() >= scale:  # a scale falls only where a gradient is inf or NaN
+                return out
+            self.overflows += 1
+            if scale <= 1:
+                raise FloatingPointError(f"float16 gradients are inf or NaN at a loss scale of {scale:g}, the least "
+                                         "(DeepSpeed's min_loss_scale): a NaN in the loss or the weights, or gradients "
+                                         "beyond float16's range: train in bfloat16 or float32")
 
     def start_sft(self) -> None:
         """The SFT optimiser (of a fresh adapter with LoRA)."""
@@ -249,16 +285,18 @@ class Policy:
     def sft_step(self, batch: Batch | None, tokens: int) -> Tensor:
         """One supervised step: the NLL of ``batch``'s completion tokens over the ``tokens`` of
         all workers (this worker's share of the token mean); ``None``: this worker has no rows."""
-        loss = torch.zeros(())
-        if batch is not None:
+        def gradients() -> Tensor:
+            loss = torch.zeros((), device=self.settings.device)
             with _layers_training(self.model, self.settings.gradient_checkpointing):
-                logp, _ = self.stats(self.model, batch, False)
-                loss = -logp.sum() / tokens
-                loss.backward()
-        self.world.sum_gradients(self.trainable())
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+                if batch is not None:
+                    loss = -self.stats(self.model, batch, False)[0].sum() / tokens
+                scaled = self.scaler.scale(loss)  # also without rows: every worker's scaler as the others'
+                if batch is not None:
+                    scaled.backward()
+            self.world.sum_gradients(self.trainable())
+            return loss.detach()
+
+        return self._step(gradients)
 
     @contextlib.contextmanager
     def _reference_model(self) -> Iterator[Any]:
@@ -306,22 +344,22 @@ class Policy:
                           for c in chunks(len(batch), self.settings.micro_batch_size)])
 
     def gradients(self, batch: Batch, loss_fn: TokenLoss) -> tuple[Tensor, Tensor]:
-        """Back-propagate ``loss_fn`` into the trainable parameters' gradients, summed over the
-        workers: (loss, token log-probs), detached."""
+        """Back-propagate ``loss_fn`` into the trainable parameters' gradients (times the loss
+        scale, :attr:`scaler`), summed over the workers: (loss, token log-probs), detached."""
         with _layers_training(self.model, self.settings.gradient_checkpointing):
             loss, logp = backward(self.model, batch, loss_fn, micro_batch_size=self.settings.micro_batch_size,
-                                  with_entropy=objective_of(self.settings.objective()).with_entropy, stats=self.stats)
+                                  with_entropy=objective_of(self.settings.objective()).with_entropy, stats=self.stats,
+                                  scale=self.scaler.scale)
         self.world.sum_gradients(self.trainable())
         return loss, logp
 
     def update(self, batch: Batch, loss_fn: TokenLoss, *, phase: Phase = no_phase) -> tuple[Tensor, Tensor]:
-        """:meth:`gradients`, then the optimiser step: (loss, token log-probs), detached."""
-        with phase("forward_backward"):
-            loss, logp = self.gradients(batch, loss_fn)
-        with phase("optimizer"):
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        return loss, logp
+        """:meth:`gradients`, then the optimiser step (:meth:`_step`): (loss, token log-probs), detached."""
+        def gradients() -> tuple[Tensor, Tensor]:
+            with phase("forward_backward"):
+                return self.gradients(batch, loss_fn)
+
+        return self._step(gradients, phase)
 
     def rl_update(self, batch: Batch, returns: Tensor, *, group_rows: int, share: float = 1.0,
                   phase: Phase = no_phase) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -339,8 +377,9 @@ class Policy:
         return *steps[0], ref_logp
 
     def state_dict(self) -> dict[str, Any]:
-        """Policy, optimiser and (without LoRA) reference: what a checkpoint restores."""
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Policy, optimiser, loss scaler and (without LoRA) reference: what a checkpoint restores."""
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scaler": self.scaler.state_dict()}
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
         return state
@@ -352,3 +391,5 @@ class Policy:
             if self.reference is not None:
                 self.reference.load_state_dict(state["reference"])
             self.optimizer.load_state_dict(state["optimizer"])
+            if state.get("scaler"):  # a disabled scaler's is empty
+                self.scaler.load_state_dict(state["scaler"])

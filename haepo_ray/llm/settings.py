@@ -249,6 +249,11 @@ class LLMTrainSettings:
         """The parameters' dtype: ``dtype``, or float32 (master weights) with precision ``mixed``."""
         return "float32" if self.precision == "mixed" else self.dtype
 
+    @property
+    def loss_scaling(self) -> bool:
+        """Whether the loss is scaled (float16 mixed precision: :attr:`~haepo_ray.llm.policy.Policy.scaler`)."""
+        return self.dtype == "float16" and self.precision == "mixed"
+
     def objective(self) -> ObjectiveSettings:
         names = [f.name for f in dataclasses.fields(ObjectiveSettings)]
         return ObjectiveSettings(**{n: getattr(self, n) for n in names})
@@ -309,7 +314,7 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "decoding": "generate's KV cache: dynamic (grown each token) or static (preallocated for prompts padded "
                 "to a multiple of 64 tokens; on CUDA transformers compiles the decode step, CUDA graphs)",
     "precision": "pure (weights, gradients and AdamW's state in dtype) or mixed (those in float32, the passes "
-                 "under autocast to dtype bfloat16 or float16)",
+                 "under autocast to dtype bfloat16 or float16; float16's loss dynamically scaled)",
     "adamw": "AdamW's step: auto (torch chooses: multi-tensor on CUDA), foreach (multi-tensor) or per_parameter",
     "num_iterations": "GRPO: optimiser steps per update's batch; > 1 adds the old policy's log-prob pass and "
                       "the ratio to it",

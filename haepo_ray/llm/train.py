@@ -40,6 +40,9 @@ human-evaluation form read it):
   rewards), ``update`` (reference pass, forward/backward, optimiser step), ``metrics`` (the
   row's metrics) and ``eval`` (the held-out generations). What ``train_time_s`` holds beyond
   their sum is the writing of rows and checkpoints.
+- With float16 mixed precision every row (SFT and RL) also has ``"float16_overflows": int``: how
+  often its gradients were inf or NaN, each time computed again at half the loss scale (no step
+  is lost: :attr:`~haepo_ray.llm.policy.Policy.overflows`).
 - The held-out evaluation (:mod:`haepo_ray.llm.evaluate`), after the last update and every
   ``eval_every`` updates if > 0: that update's row gains ``"eval": {"greedy": {...},
   "sampled": {...}, "policy": {...}}``, which MLflow logs as ``eval/<mode>/<metric>``. With
@@ -162,10 +165,12 @@ class LLMRun:
                     self.tokenizer, [format_prompt(e, self.tokenizer, s.max_source_words) for e in mine],
                     [e.reference for e in mine]).to(s.device) if mine else None
                 tokens, = world.sum([batch.completion_mask.sum().item() if batch else 0], s.device)
+                overflows = self.policy.overflows
                 local_loss = self.policy.sft_step(batch, tokens).item()
                 loss_value, = world.sum([local_loss], s.device)
                 elapsed, = world.max([time.perf_counter() - start], s.device)
-                self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value})
+                self.writer.metric({"update": step, "phase": "sft", "time_s": elapsed, "loss": loss_value,
+                                    **self._overflows_since(overflows)})
             self.policy.start_rl()
         self.evaluate_start()
 
@@ -242,8 +247,9 @@ class LLMRun:
         while self.update < s.rl_updates:
             chosen = [next(stream) for _ in range(s.batch_prompts)]
             self.update += 1
+            overflows = self.policy.overflows
             with denormals(self.settings):
-                row = {"update": self.update, **self._rl_update(chosen), **start}
+                row = {"update": self.update, **self._rl_update(chosen), **self._overflows_since(overflows), **start}
                 start = {}
                 if s.evaluated_after(self.update):
                     with self.clock.phase("eval"):
@@ -311,6 +317,10 @@ class LLMRun:
             "peak_memory_mb": dict(zip(peaks.allocated, peak[:n], strict=True)),
             "peak_memory_reserved_mb": dict(zip(peaks.reserved, peak[n:], strict=True)),
         }
+
+    def _overflows_since(self, overflows: int) -> dict[str, int]:
+        """A row's ``float16_overflows`` (the policy's since ``overflows``) where the loss is scaled."""
+        return {"float16_overflows": self.policy.overflows - overflows} if self.policy.loss_scaling else {}
 
     def _evaluate(self) -> dict[str, Any]:
         """The held-out evaluation on rank 0 (:mod:`haepo_ray.llm.evaluate`): ``{"eval":

@@ -31,6 +31,8 @@ counts bytes exactly and keeps PyTorch's CPU kernels and AdamW's per-parameter s
 real step is measured against on this machine (:mod:`haepo_ray.llm.capacity.measure`).
 Precision ``mixed`` runs under the CPU's autocast on either target (the fake tensors are CPU
 tensors): where CUDA's autocast casts an op differently, a ``cuda`` estimate follows the CPU's.
+float16's loss scaling is off (it needs values, to find an inf; its tensors are scalars, and it
+unscales the gradients in place).
 
 Reserved memory. The tracker's allocation and free events are replayed through a model of
 CUDA's caching allocator (:mod:`~haepo_ray.llm.capacity.allocator`): ``allocator_reserved``
@@ -265,7 +267,7 @@ def simulate(settings: LLMTrainSettings, config: Any, shapes: Shapes, *, target:
         stats = ReplayedStats(tracker, model_passes(settings)) if replay else None
         policy = run_steps(model, settings, shapes, tracker,
                            lambda m: _generate(m, settings, shapes.prompt_tokens, tracker), stats,
-                           foreach=True if target == "cuda" else None)
+                           foreach=True if target == "cuda" else None, loss_scaling=False)
         if replay:
             stats.close()
         trainable = sum(p.numel() for p in policy.trainable())

@@ -101,15 +101,17 @@ def warm(parameters: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
 
 def run_steps(model: Any, settings: LLMTrainSettings, shapes: Shapes, recorder: Recorder,
               generate: Callable[[Any], None], stats: TokenStats | None = None,
-              foreach: bool | None = None) -> Policy:
+              foreach: bool | None = None, loss_scaling: bool = True) -> Policy:
     """Run the phases of the module docstring on ``model`` (on the CPU); ``generate(model)``
     runs one ``generate`` call, ``stats`` the policy's model passes (default its own,
     :func:`~haepo_ray.llm.policy.model_passes`), ``foreach`` is AdamW's implementation where
-    ``adamw`` is auto (:attr:`Policy.foreach`). Returns the policy after the RL update."""
+    ``adamw`` is auto (:attr:`Policy.foreach`); ``loss_scaling`` False turns float16's off
+    (:attr:`Policy.loss_scaling`). Returns the policy after the RL update."""
     with recorder.category("parameters"):
         policy = Policy(model, settings)
         policy.stats = stats or policy.stats
         policy.foreach = foreach
+        policy.loss_scaling = policy.loss_scaling and loss_scaling
         policy.start_sft()
     recorder.track_module(policy.model)
     warm(policy.trainable(), policy.optimizer, recorder)
