@@ -1,0 +1,126 @@
+"""float16 mixed precision with and without loss scaling, against float32, on SmolLM2-135M-Instruct.
+
+One batch of ACLSum (``--prompts`` prompts with the chat template, sources cut to 64 words; per
+prompt its gold summary and ``--samples`` completions of up to 16 new tokens sampled from the
+model at seed 0), the gradient of every weight for SFT's loss (the NLL of the gold summaries)
+and for HAEPO's, GRPO's and DPO's (groups of [gold, samples], rewards the token F1 to the gold;
+DPO prefers the gold to each sample), computed by :class:`haepo_ray.llm.policy.Policy`:
+
+- ``float32``: the reference;
+- ``float16 unscaled``: precision mixed (float32 weights, passes in float16), no loss scaling;
+- ``float16 scaled``: the same with the policy's loss scaler, from torch's initial scale 2**16
+  halved while a gradient is inf or NaN (as a run does); the gradients unscaled;
+- ``bfloat16``: precision mixed in bfloat16 (no scaling: bfloat16 has float32's range).
+
+Per objective and precision: the share of gradient entries that are 0 where float32's is not
+(AdamW scales each entry alone, so such a weight does not move), the relative error
+||g - g32|| / ||g32|| in float64, and the halvings the scaler needed.
+
+    .venv/bin/python bench/llm_float16.py OUT.json [--prompts 2] [--samples 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from haepo_ray.llm.data import format_prompt, load_examples
+from haepo_ray.llm.models import load_model
+from haepo_ray.llm.objectives import group_loss
+from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.rewards import token_f1
+from haepo_ray.llm.rollout import completion_batch
+from haepo_ray.llm.settings import LLMTrainSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+PRECISIONS = {"float32": {"dtype": "float32"}, "float16 unscaled": {"dtype": "float16", "precision": "mixed"},
+              "float16 scaled": {"dtype": "float16", "precision": "mixed"},
+              "bfloat16": {"dtype": "bfloat16", "precision": "mixed"}}
+OBJECTIVES = ("SFT", "HAEPO", "GRPO", "DPO")
+
+
+def _batch(model: Any, tokenizer: Any, prompts: int, samples: int) -> tuple[Any, list[float]]:
+    examples = load_examples("aclsum", aspect="challenge")[:prompts]
+    texts = [format_prompt(e, tokenizer, 64) for e in examples]
+    rows_prompts, rows, returns = [], [], []
+    torch.manual_seed(0)
+    for example, text in zip(examples, texts, strict=True):
+        ids = tokenizer(text, return_tensors="pt")
+        out = model.generate(**ids, do_sample=True, max_new_tokens=16, num_return_sequences=samples,
+                             pad_token_id=tokenizer.pad_token_id)
+        sampled = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        for completion in [example.reference, *sampled]:
+            rows_prompts.append(text)
+            rows.append(completion)
+            returns.append(token_f1(completion, example.reference))
+    batch = completion_batch(tokenizer, rows_prompts, rows)
+    group = samples + 1
+    return type(batch)(batch.input_ids, batch.attention_mask, batch.completion_mask,
+                       torch.arange(len(rows)) // group), returns
+
+
+def _gradients(model: Any, batch: Any, returns: list[float], objective: str, precision: str,
+               group: int) -> tuple[torch.Tensor, int]:
+    """The objective's gradient of every weight (float64, unscaled) and the scaler's halvings."""
+    settings = LLMTrainSettings(algo="GRPO" if objective == "SFT" else objective, model="smollm2",
+                                micro_batch_size=0, **PRECISIONS[precision])
+    policy = Policy(copy.deepcopy(model), settings)
+    policy.loss_scaling = precision == "float16 scaled"
+    policy.start_sft()
+    policy.start_rl()
+    if objective == "SFT":
+        gold = batch.rows(torch.arange(0, len(batch), group))
+        tokens = gold.completion_mask.sum()
+        step_batch, loss_fn = gold, lambda logp, entropy: -logp.sum() / tokens
+    else:
+        target = torch.tensor([float(i % group == 0) for i in range(len(batch))]) if objective == "DPO" \
+            else torch.tensor(returns)
+        step_batch = batch
+        loss_fn = group_loss(settings.objective(), batch, target, policy.reference_logp(batch), group_rows=group)
+    halvings = 0
+    while True:
+        policy.gradients(step_batch, loss_fn)
+        policy.scaler.unscale_(policy.optimizer)
+        gradients = torch.cat([p.grad.flatten().double() for p in policy.trainable()])
+        if gradients.isfinite().all() or not policy.loss_scaling:
+            return gradients, halvings
+        policy.scaler.update()  # halves the scale: an inf was found
+        policy.optimizer.zero_grad(set_to_none=True)
+        halvings += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=3)
+    args = parser.parse_args()
+    model, tokenizer = load_model("smollm2")
+    batch, returns = _batch(model, tokenizer, args.prompts, args.samples)
+    rows = []
+    for objective in OBJECTIVES:
+        exact, _ = _gradients(model, batch, returns, objective, "float32", args.samples + 1)
+        for precision in list(PRECISIONS)[1:]:
+            g, halvings = _gradients(model, batch, returns, objective, precision, args.samples + 1)
+            rows.append({"objective": objective, "precision": precision,
+                         "zero_where_float32_is_not": float(((g == 0) & (exact != 0)).double().mean()),
+                         "relative_error": float((g - exact).norm() / exact.norm()),
+                         "non_finite": int((~g.isfinite()).sum()), "halvings": halvings})
+            print(f"{objective:6} {precision:17} zero where float32 is not {rows[-1]['zero_where_float32_is_not']:8.3%}"
+                  f"  relative error {rows[-1]['relative_error']:.2e}  halvings {halvings}", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    args.out.write_text(json.dumps({"rows": rows, "commit": commit.strip(), "torch": torch.__version__,
+                                    "machine": platform.processor() or platform.machine(), "argv": sys.argv[1:],
+                                    "batch_rows": len(batch)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
