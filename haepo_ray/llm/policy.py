@@ -52,6 +52,7 @@ from torch import Tensor
 
 from haepo_ray.llm.distributed import World
 from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, group_loss, objective_of
+from haepo_ray.llm.precision import lost_steps_problem
 from haepo_ray.llm.rollout import Batch, completion_logits, context_problem, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 
@@ -226,7 +227,10 @@ class Policy:
         return autocast(self.settings)
 
     def _optimizer(self, lr: float) -> torch.optim.Optimizer:
-        """AdamW on the trainable parameters, and a fresh :attr:`scaler` for it."""
+        """AdamW on the trainable parameters, and a fresh :attr:`scaler` for it; a warning where
+        ``lr`` cannot move many bfloat16 weights (:func:`~haepo_ray.llm.precision.lost_steps_problem`)."""
+        if problem := lost_steps_problem(self.trainable(), lr):
+            warnings.warn(problem, stacklevel=3)
         foreach = {"foreach": True, "per_parameter": False}.get(self.settings.adamw, self.foreach)
         self.scaler = torch.amp.GradScaler(torch.device(self.settings.device).type, enabled=self.loss_scaling)
         return torch.optim.AdamW(self.trainable(), lr=lr, foreach=foreach)

@@ -1,10 +1,11 @@
-"""float16 mixed precision with and without loss scaling, against float32, on SmolLM2-135M-Instruct.
+"""Mixed and pure half precision against float32 on SmolLM2-135M-Instruct: float16's gradients with
+and without loss scaling, and the steps pure bfloat16 weights do not take.
 
-One batch of ACLSum (``--prompts`` prompts with the chat template, sources cut to 64 words; per
-prompt its gold summary and ``--samples`` completions of up to 16 new tokens sampled from the
-model at seed 0), the gradient of every weight for SFT's loss (the NLL of the gold summaries)
-and for HAEPO's, GRPO's and DPO's (groups of [gold, samples], rewards the token F1 to the gold;
-DPO prefers the gold to each sample), computed by :class:`haepo_ray.llm.policy.Policy`:
+float16. One batch of ACLSum (``--prompts`` prompts with the chat template, sources cut to 64
+words; per prompt its gold summary and ``--samples`` completions of up to 16 new tokens sampled
+from the model at seed 0), the gradient of every weight for SFT's loss (the NLL of the gold
+summaries) and for HAEPO's, GRPO's and DPO's (groups of [gold, samples], rewards the token F1 to
+the gold; DPO prefers the gold to each sample), computed by :class:`haepo_ray.llm.policy.Policy`:
 
 - ``float32``: the reference;
 - ``float16 unscaled``: precision mixed (float32 weights, passes in float16), no loss scaling;
@@ -16,7 +17,11 @@ Per objective and precision: the share of gradient entries that are 0 where floa
 (AdamW scales each entry alone, so such a weight does not move), the relative error
 ||g - g32|| / ||g32|| in float64, and the halvings the scaler needed.
 
-    .venv/bin/python bench/llm_float16.py OUT.json [--prompts 2] [--samples 3]
+bfloat16. Per learning rate (``--lrs``), one GRPO update of the same batch with pure bfloat16
+weights and with precision mixed: the share of the weights it left unchanged, beside the share
+:func:`haepo_ray.llm.precision.frozen_share` predicts for pure bfloat16.
+
+    .venv/bin/python bench/llm_precision.py OUT.json [--prompts 2] [--samples 3] [--lrs 1e-6 1e-5 ...]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from haepo_ray.llm.data import format_prompt, load_examples
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import group_loss
 from haepo_ray.llm.policy import Policy
+from haepo_ray.llm.precision import frozen_share
 from haepo_ray.llm.rewards import token_f1
 from haepo_ray.llm.rollout import completion_batch
 from haepo_ray.llm.settings import LLMTrainSettings
@@ -97,11 +103,30 @@ def _gradients(model: Any, batch: Any, returns: list[float], objective: str, pre
         halvings += 1
 
 
+def _weights(policy: Policy) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().float() for p in policy.trainable()])
+
+
+def _lost_steps(model: Any, batch: Any, returns: list[float], lr: float, precision: str, group: int) -> float:
+    """The share of the weights one GRPO update at ``lr`` leaves unchanged."""
+    settings = LLMTrainSettings(algo="GRPO", model="smollm2", micro_batch_size=0, lr=lr, dtype="bfloat16",
+                                precision=precision)
+    policy = Policy(copy.deepcopy(model).to(getattr(torch, settings.weights_dtype)), settings)
+    policy.start_sft()
+    policy.start_rl()
+    before = _weights(policy)
+    loss_fn = group_loss(settings.objective(), batch, torch.tensor(returns), policy.reference_logp(batch),
+                         group_rows=group)
+    policy.update(batch, loss_fn)
+    return float((_weights(policy) == before).double().mean())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 1e-5, 5e-5, 1e-4, 1e-3])
     args = parser.parse_args()
     model, tokenizer = load_model("smollm2")
     batch, returns = _batch(model, tokenizer, args.prompts, args.samples)
@@ -116,8 +141,16 @@ def main() -> None:
                          "non_finite": int((~g.isfinite()).sum()), "halvings": halvings})
             print(f"{objective:6} {precision:17} zero where float32 is not {rows[-1]['zero_where_float32_is_not']:8.3%}"
                   f"  relative error {rows[-1]['relative_error']:.2e}  halvings {halvings}", flush=True)
+    weights = [p.detach().to(torch.bfloat16) for p in model.parameters()]
+    lost = []
+    for lr in args.lrs:
+        lost.append({"lr": lr, "predicted": frozen_share(weights, lr),
+                     **{precision: _lost_steps(model, batch, returns, lr, precision, args.samples + 1)
+                        for precision in ("pure", "mixed")}})
+        print(f"bfloat16 lr {lr:g}: unchanged after one GRPO update: pure {lost[-1]['pure']:.2%} (predicted "
+              f"{lost[-1]['predicted']:.2%}), mixed {lost[-1]['mixed']:.2%}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    args.out.write_text(json.dumps({"rows": rows, "commit": commit.strip(), "torch": torch.__version__,
+    args.out.write_text(json.dumps({"rows": rows, "bfloat16_unchanged": lost, "commit": commit.strip(), "torch": torch.__version__,
                                     "machine": platform.processor() or platform.machine(), "argv": sys.argv[1:],
                                     "batch_rows": len(batch)}, indent=1))
 
