@@ -50,6 +50,7 @@ LLM_EFFECTIVE_NUM_TRAJECTORIES = "effective_num_trajectories"
 LLM_KL = "kl"
 LLM_LOSS = "loss"
 LLM_UPDATE_TIME = "time_s"
+LLM_FLOAT16_OVERFLOWS = "float16_overflows"  # float16 mixed precision: gradients computed again at half the scale
 LLM_TRAIN_TIME = "train_time_s"  # the trial's wall time so far: loading, SFT, RL updates, evaluation
 LLM_PHASE_TIME = "phase_time_s"  # "phase_time_s/<phase>": cumulative seconds, one per phase below
 LLM_TIME_PHASES = ("load", "sft", "rollout", "update", "metrics", "eval")

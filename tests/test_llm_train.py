@@ -18,7 +18,8 @@ from haepo_ray.cli import main
 from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.rewards import length_closeness, rouge_l, semantic_similarity, token_f1
-from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
+from haepo_ray.llm.train import LLMRun, LLMTrainSettings, rl_metrics, train
+from haepo_ray.tracking.schema import LLM_METRICS, select_metrics
 
 RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_similarity", "profanity_rate",
            "completion_length", "effective_num_trajectories", "kl", "loss", "peak_memory_mb",
@@ -105,6 +106,7 @@ def test_a_float16_run_logs_each_steps_overflows_and_loses_no_step(tmp_path, com
     assert all(math.isfinite(r["loss"]) for r in rows)
     assert set(rows[0]) == {"update", "phase", "time_s", "loss", "float16_overflows"}
     assert set(rows[2]) == RL_KEYS | {"float16_overflows"}
+    assert select_metrics(rl_metrics(rows[2]), LLM_METRICS)["float16_overflows"] > 0  # what MLflow logs of a trial
 
 
 def test_held_out_evaluation_every_eval_every_updates_and_at_the_end(tmp_path, common_words):

@@ -320,7 +320,7 @@ class LLMRun:
 
     def _overflows_since(self, overflows: int) -> dict[str, int]:
         """A row's ``float16_overflows`` (the policy's since ``overflows``) where the loss is scaled."""
-        return {"float16_overflows": self.policy.overflows - overflows} if self.policy.loss_scaling else {}
+        return {names.LLM_FLOAT16_OVERFLOWS: self.policy.overflows - overflows} if self.policy.loss_scaling else {}
 
     def _evaluate(self) -> dict[str, Any]:
         """The held-out evaluation on rank 0 (:mod:`haepo_ray.llm.evaluate`): ``{"eval":

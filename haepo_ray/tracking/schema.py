@@ -57,6 +57,7 @@ LLM_METRICS = (
     names.LLM_KL,
     names.LLM_LOSS,
     names.LLM_UPDATE_TIME,
+    names.LLM_FLOAT16_OVERFLOWS,  # float16 mixed precision only
     f"{names.LLM_PHASE_TIME}/*",
     f"{names.LLM_PEAK_MEMORY}/*",
     f"{names.LLM_PEAK_RESERVED_MEMORY}/*",
