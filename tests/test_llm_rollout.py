@@ -119,6 +119,31 @@ def test_sampling_past_the_models_context_is_refused_before_the_run_and_before_g
     with pytest.raises(ValueError, match=r"^a prompt of 2000 tokens and max_new_tokens 49 overrun the llama model's"):
         estimate(LLMTrainSettings(model="tiny", max_new_tokens=49), prompt_tokens=2000)
 
+
+def test_a_runs_longest_prompt_or_given_row_past_the_context_is_found_before_it_samples(tiny_lm):
+    """A run checks the prompts it will sample after, padded as generate pads them, and the rows it
+    is given (SFT's and DPO's gold summaries after their prompts), before its SFT."""
+    from haepo_ray.llm.rollout import overrun_problem
+
+    model, tokenizer = tiny_lm
+    context = model.config.max_position_embeddings
+    words = lambda n: " ".join(["the"] * n)  # noqa: E731  (one token per word)
+    assert overrun_problem(tokenizer, model.config, prompts=[words(10), words(1000)], max_new_tokens=context - 1000,
+                           given=[(words(1000), words(context - 1001))]) is None
+    assert overrun_problem(tokenizer, model.config, prompts=[words(10), words(1000)],
+                           max_new_tokens=context - 999) == (
+        f"a prompt of 1000 tokens and max_new_tokens {context - 999} overrun the llama model's context of {context} "
+        "tokens (max_position_embeddings, prompt included): give fewer max_new_tokens, or shorter prompts (the run's "
+        "longest prompt)")
+    static = context - 1024  # prompts padded to a multiple of 64 tokens: 1000 takes 1024
+    assert overrun_problem(tokenizer, model.config, prompts=[words(1000)], max_new_tokens=static) is None
+    assert "a prompt of 1024 tokens" in overrun_problem(tokenizer, model.config, prompts=[words(1000)],
+                                                        max_new_tokens=static + 1, decoding="static")
+    assert overrun_problem(tokenizer, model.config, prompts=[], max_new_tokens=8,
+                           given=[(words(1000), words(context - 1000))]) == (
+        f"a prompt and its given completion (SFT's or DPO's gold summary) of {context + 1} tokens with EOS overrun the "
+        f"llama model's context of {context} tokens (max_position_embeddings): give shorter prompts (max_source_words)")
+
 def test_static_decoding_generates_what_dynamic_decoding_generates(tiny_lm):
     model, tokenizer = tiny_lm
     kwargs = {"group_size": 2, "max_new_tokens": 6, "min_new_tokens": 6}

@@ -323,6 +323,11 @@ def test_data_a_model_that_cannot_be_read_or_its_missing_lora_target_is_refused_
     assert main(["llm", "memory", "--model", "tiny", "--algo", "HAEPO", *lora]) == 2
     for err in (train_err, capsys.readouterr().err):
         assert "lora_target_modules ['q_proj', 'v_projj']: in the llama model, 'v_projj' names no module" in err
+    # the run's prompts (ACLSum's longest here: 333 tokens) before its SFT, not at its first sampling
+    assert main(["llm", "train", "--model", "tiny", "--max-new-tokens", "2000", "--sft-examples", "2", "--out",
+                 str(out)]) == 2
+    assert re.search(r"a prompt of \d+ tokens and max_new_tokens 2000 overrun the llama model's context of 2048 tokens "
+                     r".* \(the run's longest prompt\)\n", capsys.readouterr().err)
     assert not out.exists()
 
 

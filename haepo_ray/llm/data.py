@@ -27,7 +27,9 @@ __all__ = [
     "Example",
     "Splits",
     "check_disjoint",
+    "cycle",
     "data_file",
+    "drawn",
     "format_prompt",
     "load_aclsum",
     "load_examples",
@@ -228,6 +230,24 @@ def split_examples(examples: Sequence[Example], num_eval: int, seed: int) -> Spl
     splits = Splits(sft=tuple(rest[:half]), rl=tuple(rest[half:]), eval=tuple(held_out))
     check_disjoint(splits)
     return splits
+
+
+def cycle(examples: Sequence[Example], seed: int) -> Iterator[Example]:
+    """``examples`` for ever, each round in a new order drawn from ``seed``: a run's SFT (seed) and RL (seed + 1)
+    streams."""
+    rng = random.Random(seed)
+    while True:
+        order = list(examples)
+        rng.shuffle(order)
+        yield from order
+
+
+def drawn(examples: Sequence[Example], seed: int, n: int) -> list[Example]:
+    """The examples among the first ``n`` of :func:`cycle` (``examples`` and ``seed``), each once."""
+    if n >= len(examples):
+        return list(examples)
+    stream = cycle(examples, seed)
+    return list({id(e): e for e in (next(stream) for _ in range(n))}.values())
 
 
 def check_disjoint(splits: Splits) -> None:

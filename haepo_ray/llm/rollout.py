@@ -18,7 +18,7 @@ the same logits within float rounding (``tests/test_llm_rollout.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "completion_logits",
     "concat_batches",
     "generate",
+    "overrun_problem",
     "padded_prompt_width",
     "sample_completions",
     "sample_groups",
@@ -134,6 +135,26 @@ def context_problem(config: Any, max_new_tokens: int, prompt_tokens: int | None 
         f"a prompt of {prompt_tokens} tokens and max_new_tokens {max_new_tokens} overrun"
     return (f"{given} the {config.model_type} model's context of {context} tokens (max_position_embeddings, prompt "
             "included): give fewer max_new_tokens" + ("" if prompt_tokens is None else ", or shorter prompts"))
+
+
+def overrun_problem(tokenizer: Any, config: Any, *, prompts: Iterable[str], max_new_tokens: int,
+                    decoding: str = "dynamic", given: Iterable[tuple[str, str]] = ()) -> str | None:
+    """Why ``max_new_tokens`` sampled after the longest of ``prompts`` (padded as ``generate`` pads
+    it), or the longest ``given`` (prompt, completion) row with its EOS, would overrun the context
+    of a model of transformers ``config`` (:func:`context_problem`), else None."""
+    def tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    longest = max(map(tokens, prompts), default=0)
+    if longest and (problem := context_problem(config, max_new_tokens, padded_prompt_width(longest, decoding))):
+        return f"{problem} (the run's longest prompt)"
+    row = max((tokens(p) + tokens(c) + 1 for p, c in given), default=0)
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and row > context:
+        return (f"a prompt and its given completion (SFT's or DPO's gold summary) of {row} tokens with EOS overrun the "
+                f"{config.model_type} model's context of {context} tokens (max_position_embeddings): give shorter "
+                "prompts (max_source_words)")
+    return None
 
 
 @torch.no_grad()

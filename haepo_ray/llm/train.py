@@ -71,7 +71,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -81,7 +80,7 @@ from typing import Any
 import torch
 
 from haepo_ray import names
-from haepo_ray.llm.data import Example, format_prompt, jsonl_rows, load_examples, split_examples
+from haepo_ray.llm.data import Example, cycle, drawn, format_prompt, jsonl_rows, load_examples, split_examples
 from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
@@ -89,7 +88,8 @@ from haepo_ray.llm.models import load_model
 from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, objective_of, rows_per_prompt
 from haepo_ray.llm.policy import Policy, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
-from haepo_ray.llm.rollout import Batch, completion_batch, concat_batches, sample_groups, sequence_kl
+from haepo_ray.llm.rollout import (Batch, completion_batch, concat_batches, overrun_problem, sample_groups,
+                                   sequence_kl)
 from haepo_ray.llm.run_log import GENERATIONS_FILE, METRICS_FILE, Callback, RunClock, RunWriter
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.llm.sft_start import evaluation_fields
@@ -99,13 +99,6 @@ __all__ = ["LLMRun", "LLMTrainSettings", "train"]
 CONFIG_FILE = "config.json"
 STATE_FILE = "state.pt"
 START_EVAL_FILE = "start_eval.json"  # an SFT start's own evaluation (save_sft), with the settings it was made under
-
-def _cycle(examples: Sequence[Example], rng: random.Random) -> Iterator[Example]:
-    while True:
-        order = list(examples)
-        rng.shuffle(order)
-        yield from order
-
 
 class LLMRun:
     """One run of :func:`train` on this worker of a :class:`~haepo_ray.llm.distributed.World`:
@@ -131,6 +124,8 @@ class LLMRun:
                 seed=settings.seed, dtype=torch_dtype(settings.weights_dtype))
             model.to(settings.device).eval()  # no dropout: the micro-batched backward re-runs the same forward
             self.policy = Policy(model, settings, world)  # it refuses LoRA targets the model lacks
+            if problem := self._overrun_problem(model.config):
+                raise ValueError(problem)
             self.out = Path(out_dir)
             if world.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)
@@ -141,6 +136,17 @@ class LLMRun:
             self.writer = RunWriter(self.out if world.is_main else None, callback)
             self.update = 0  # RL updates done
             self.start_eval: dict[str, Any] | None = None  # the SFT start's evaluation (eval_start), rank 0
+
+    def _overrun_problem(self, config: Any) -> str | None:
+        """Why a prompt this run samples after, or an SFT or DPO gold row it trains on, would overrun
+        the model's context (:func:`~haepo_ray.llm.rollout.overrun_problem`): said before SFT."""
+        s = self.settings
+        prompt = lambda e: format_prompt(e, self.tokenizer, s.max_source_words)  # noqa: E731
+        rl = drawn(self.splits.rl, s.seed + 1, s.rl_updates * s.batch_prompts)
+        given = drawn(self.splits.sft, s.seed, s.sft_examples) + (rl if objective_of(s.objective()).with_gold else [])
+        return overrun_problem(self.tokenizer, config, prompts={prompt(e) for e in rl + list(self.splits.eval)},
+                               max_new_tokens=s.max_new_tokens, decoding=s.decoding,
+                               given={(prompt(e), e.reference) for e in given})
 
     @property
     def model(self) -> Any:
@@ -156,7 +162,7 @@ class LLMRun:
         with self.clock.phase("sft"), denormals(s):
             steps = math.ceil(s.sft_examples / s.sft_batch)
             self.policy.start_sft()
-            stream = _cycle(self.splits.sft, random.Random(s.seed))
+            stream = cycle(self.splits.sft, s.seed)
             for step in range(1, steps + 1):
                 start = time.perf_counter()
                 size = min(s.sft_batch, s.sft_examples - (step - 1) * s.sft_batch)
@@ -241,7 +247,7 @@ class LLMRun:
             for record in self.start_eval["records"]:
                 self.writer.generation({"update": 0, **record})
             start = {names.LLM_EVAL_START: self.start_eval[names.LLM_EVAL]}
-        stream = _cycle(self.splits.rl, random.Random(s.seed + 1))
+        stream = cycle(self.splits.rl, s.seed + 1)
         for _ in range(self.update * s.batch_prompts):  # the prompts of the updates already done
             next(stream)
         while self.update < s.rl_updates:
