@@ -233,8 +233,8 @@ def split_examples(examples: Sequence[Example], num_eval: int, seed: int) -> Spl
 
 
 def cycle(examples: Sequence[Example], seed: int) -> Iterator[Example]:
-    """``examples`` for ever, each round in a new order drawn from ``seed``: a run's SFT (seed) and RL (seed + 1)
-    streams."""
+    """``examples`` for ever, each round in a new order drawn from ``seed``: a run's SFT and RL streams
+    (``LLMRun._stream`` gives each its seed)."""
     rng = random.Random(seed)
     while True:
         order = list(examples)

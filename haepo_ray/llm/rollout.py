@@ -18,6 +18,7 @@ the same logits within float rounding (``tests/test_llm_rollout.py``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,12 +124,18 @@ def sampling_kwargs(*, eos_token_id: list[int], pad_token_id: int, max_new_token
             "pad_token_id": pad_token_id, "eos_token_id": eos_token_id, **sampling, **cache}
 
 
+def _context(config: Any) -> int | None:
+    """The context in tokens of a model of transformers ``config`` (``max_position_embeddings``), None where
+    it has none."""
+    return getattr(config, "max_position_embeddings", None)
+
+
 def context_problem(config: Any, max_new_tokens: int, prompt_tokens: int | None = None) -> str | None:
     """Why ``max_new_tokens`` after a prompt of ``prompt_tokens`` (None: of any length, one token
     at least) overrun the context of a model of transformers ``config`` (its
     ``max_position_embeddings``: rotary positions past it were never trained, learned ones do not
     exist), else None."""
-    context = getattr(config, "max_position_embeddings", None)
+    context = _context(config)
     if context is None or (prompt_tokens or 1) + max_new_tokens <= context:
         return None
     given = f"max_new_tokens {max_new_tokens} overruns" if prompt_tokens is None else \
@@ -142,6 +149,7 @@ def overrun_problem(tokenizer: Any, config: Any, *, prompts: Iterable[str], max_
     """Why ``max_new_tokens`` sampled after the longest of ``prompts`` (padded as ``generate`` pads
     it), or the longest ``given`` (prompt, completion) row with its EOS, would overrun the context
     of a model of transformers ``config`` (:func:`context_problem`), else None."""
+    @functools.cache  # a DPO gold row's prompt is among the prompts
     def tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -149,8 +157,7 @@ def overrun_problem(tokenizer: Any, config: Any, *, prompts: Iterable[str], max_
     if longest and (problem := context_problem(config, max_new_tokens, padded_prompt_width(longest, decoding))):
         return f"{problem} (the run's longest prompt)"
     row = max((tokens(p) + tokens(c) + 1 for p, c in given), default=0)
-    context = getattr(config, "max_position_embeddings", None)
-    if context is not None and row > context:
+    if (context := _context(config)) is not None and row > context:
         return (f"a prompt and its given completion (SFT's or DPO's gold summary) of {row} tokens with EOS overrun the "
                 f"{config.model_type} model's context of {context} tokens (max_position_embeddings): give shorter "
                 "prompts (max_source_words)")

@@ -142,11 +142,16 @@ class LLMRun:
         the model's context (:func:`~haepo_ray.llm.rollout.overrun_problem`): said before SFT."""
         s = self.settings
         prompt = lambda e: format_prompt(e, self.tokenizer, s.max_source_words)  # noqa: E731
-        rl = drawn(self.splits.rl, s.seed + 1, s.rl_updates * s.batch_prompts)
-        given = drawn(self.splits.sft, s.seed, s.sft_examples) + (rl if objective_of(s.objective()).with_gold else [])
+        rl = drawn(*self._stream("rl"), s.rl_updates * s.batch_prompts)
+        given = drawn(*self._stream("sft"), s.sft_examples) + (rl if objective_of(s.objective()).with_gold else [])
         return overrun_problem(self.tokenizer, config, prompts={prompt(e) for e in rl + list(self.splits.eval)},
                                max_new_tokens=s.max_new_tokens, decoding=s.decoding,
                                given={(prompt(e), e.reference) for e in given})
+
+    def _stream(self, phase: str) -> tuple[Sequence[Example], int]:
+        """The examples ``phase`` ("sft" or "rl") draws and the seed of their order (:func:`~haepo_ray.llm.data.cycle`):
+        the run's seed for SFT, seed + 1 for RL."""
+        return {"sft": (self.splits.sft, self.settings.seed), "rl": (self.splits.rl, self.settings.seed + 1)}[phase]
 
     @property
     def model(self) -> Any:
@@ -162,7 +167,7 @@ class LLMRun:
         with self.clock.phase("sft"), denormals(s):
             steps = math.ceil(s.sft_examples / s.sft_batch)
             self.policy.start_sft()
-            stream = cycle(self.splits.sft, s.seed)
+            stream = cycle(*self._stream("sft"))
             for step in range(1, steps + 1):
                 start = time.perf_counter()
                 size = min(s.sft_batch, s.sft_examples - (step - 1) * s.sft_batch)
@@ -247,7 +252,7 @@ class LLMRun:
             for record in self.start_eval["records"]:
                 self.writer.generation({"update": 0, **record})
             start = {names.LLM_EVAL_START: self.start_eval[names.LLM_EVAL]}
-        stream = cycle(self.splits.rl, s.seed + 1)
+        stream = cycle(*self._stream("rl"))
         for _ in range(self.update * s.batch_prompts):  # the prompts of the updates already done
             next(stream)
         while self.update < s.rl_updates:
