@@ -18,8 +18,10 @@ Per objective and precision: the share of gradient entries that are 0 where floa
 ||g - g32|| / ||g32|| in float64, and the halvings the scaler needed.
 
 bfloat16. Per learning rate (``--lrs``), one GRPO update of the same batch with pure bfloat16
-weights and with precision mixed: the share of the weights it left unchanged, beside the share
-:func:`haepo_ray.llm.precision.frozen_share` predicts for pure bfloat16.
+weights rounded to nearest (torch's AdamW) and stochastically (``rounding`` stochastic), and with
+precision mixed: the share of the weights it left unchanged, beside the share
+:func:`haepo_ray.llm.precision.frozen_share` predicts for rounding to nearest, and the share of
+mixed precision's step that the pure ones took, sum_i dw_i sign(dw_mixed_i) / sum_i |dw_mixed_i|.
 
     .venv/bin/python bench/llm_precision.py OUT.json [--prompts 2] [--samples 3] [--lrs 1e-6 1e-5 ...]
 """
@@ -104,13 +106,18 @@ def _gradients(model: Any, batch: Any, returns: list[float], objective: str, pre
 
 
 def _weights(policy: Policy) -> torch.Tensor:
-    return torch.cat([p.detach().flatten().float() for p in policy.trainable()])
+    return torch.cat([p.detach().flatten().double() for p in policy.trainable()])
 
 
-def _lost_steps(model: Any, batch: Any, returns: list[float], lr: float, precision: str, group: int) -> float:
-    """The share of the weights one GRPO update at ``lr`` leaves unchanged."""
+BFLOAT16 = {"pure": {"precision": "pure"}, "stochastic": {"precision": "pure", "rounding": "stochastic"},
+            "mixed": {"precision": "mixed"}}
+
+
+def _bfloat16_step(model: Any, batch: Any, returns: list[float], lr: float, weights: str,
+                   group: int) -> torch.Tensor:
+    """What one GRPO update at ``lr`` adds to each weight (float64) with :data:`BFLOAT16` ``weights``."""
     settings = LLMTrainSettings(algo="GRPO", model="smollm2", micro_batch_size=0, lr=lr, dtype="bfloat16",
-                                precision=precision)
+                                **BFLOAT16[weights])
     policy = Policy(copy.deepcopy(model).to(getattr(torch, settings.weights_dtype)), settings)
     policy.start_sft()
     policy.start_rl()
@@ -118,7 +125,7 @@ def _lost_steps(model: Any, batch: Any, returns: list[float], lr: float, precisi
     loss_fn = group_loss(settings.objective(), batch, torch.tensor(returns), policy.reference_logp(batch),
                          group_rows=group)
     policy.update(batch, loss_fn)
-    return float((_weights(policy) == before).double().mean())
+    return _weights(policy) - before
 
 
 def main() -> None:
@@ -144,11 +151,16 @@ def main() -> None:
     weights = [p.detach().to(torch.bfloat16) for p in model.parameters()]
     lost = []
     for lr in args.lrs:
+        steps = {name: _bfloat16_step(model, batch, returns, lr, name, args.samples + 1) for name in BFLOAT16}
+        direction = steps["mixed"].sign()
         lost.append({"lr": lr, "predicted": frozen_share(weights, lr),
-                     **{precision: _lost_steps(model, batch, returns, lr, precision, args.samples + 1)
-                        for precision in ("pure", "mixed")}})
+                     **{name: float((step == 0).double().mean()) for name, step in steps.items()},
+                     **{f"{name}_step_taken": float((step * direction).sum() / steps["mixed"].abs().sum())
+                        for name, step in steps.items() if name != "mixed"}})
         print(f"bfloat16 lr {lr:g}: unchanged after one GRPO update: pure {lost[-1]['pure']:.2%} (predicted "
-              f"{lost[-1]['predicted']:.2%}), mixed {lost[-1]['mixed']:.2%}", flush=True)
+              f"{lost[-1]['predicted']:.2%}), stochastic {lost[-1]['stochastic']:.2%}, mixed {lost[-1]['mixed']:.2%}; "
+              f"mixed's step taken: pure {lost[-1]['pure_step_taken']:.3f}, stochastic "
+              f"{lost[-1]['stochastic_step_taken']:.3f}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.write_text(json.dumps({"rows": rows, "bfloat16_unchanged": lost, "commit": commit.strip(), "torch": torch.__version__,
                                     "machine": platform.processor() or platform.machine(), "argv": sys.argv[1:],

@@ -45,7 +45,8 @@ def test_a_policy_that_trains_bfloat16_weights_at_a_learning_rate_too_small_for_
         policy.start_sft()  # sft_lr 1e-2 moves them
     with pytest.warns(UserWarning, match=rf"^pure bfloat16: an AdamW step of lr 5e-05 is less than half the bfloat16 "
                                          rf"spacing of {100 * share:.1f}% of the trainable weights, which it leaves "
-                                         rf"unchanged: use precision 'mixed' \(float32 weights\) or a larger lr$"):
+                                         rf"unchanged: use rounding 'stochastic', precision 'mixed' \(float32 "
+                                         rf"weights\) or a larger lr$"):
         policy.start_rl()
     mixed = dataclasses.replace(settings, precision="mixed")
     with warnings.catch_warnings():

@@ -48,6 +48,7 @@ def test_the_key_is_what_sft_depends_on():
                 {"data": "tldr:x.jsonl"}, {"model": "smollm2"}, {"aspect": "outcome"}):
         assert start_key(_settings(**sft)) != key, sft
     assert start_key(_settings(lora_r=2, lora_alpha=8.0)) != start_key(_settings(lora_r=2))
+    assert start_key(_settings(dtype="bfloat16", rounding="stochastic")) != start_key(_settings(dtype="bfloat16"))
 
 
 @pytest.mark.parametrize("lora", [{}, {"lora_r": 2}])

@@ -56,6 +56,10 @@ def _gradients(policy: Policy, batch, ref: torch.Tensor) -> tuple[torch.Tensor, 
     ({"num_iterations": 2}, "num_iterations > 1 is GRPO's"),
     ({"num_iterations": 0}, "num_iterations must be an integer >= 1"),
     ({"precision": "mixed"}, "precision 'mixed' .* dtype must be bfloat16 or float16"),
+    ({"rounding": "up"}, "rounding must be one of"),
+    ({"rounding": "stochastic"}, "rounding 'stochastic' .* dtype must be bfloat16 and precision 'pure', got dtype "
+                                 "'float32', precision 'pure'"),
+    ({"rounding": "stochastic", "dtype": "bfloat16", "precision": "mixed"}, "got dtype 'bfloat16', precision 'mixed'"),
     ({"logits_chunk": 0}, "logits_chunk must be an integer >= 1"),
 ])
 def test_a_switch_out_of_its_values_is_refused_by_name(settings, message):
@@ -385,6 +389,29 @@ def test_simulated_switches_match_the_measured_step(switches):
         sim, real = simulated.phases[phase], measured[phase]
         assert 0 <= real.start_bytes - sim.start_bytes <= scaler_bytes, phase
         assert sim.peak_bytes == pytest.approx(real.peak_bytes, rel=0.005), phase
+
+
+def test_simulated_stochastic_rounding_steps_match_the_measured_ones():
+    """Its optimiser steps (SFT's, RL's) on the CPU, against pure bfloat16 rounded to nearest: the
+    float32 temporaries of a parameter's chunk are simulated as measured (the reference pass of pure
+    bfloat16 is not: test_simulated_switches_match_the_measured_step)."""
+    from haepo_ray.llm.capacity.measure import measure
+    from haepo_ray.llm.capacity.model_configs import tiny_config
+
+    shapes = Shapes(prompt_tokens=12, completion_tokens=6)
+    config = tiny_config(vocab_size=4096)
+    peaks = {}
+    for rounding in SWITCHES["rounding"]:
+        settings = LLMTrainSettings(algo="GRPO", model="tiny", batch_prompts=2, group_size=3, sft_batch=2,
+                                    max_new_tokens=6, min_new_tokens=6, micro_batch_size=1, dtype="bfloat16",
+                                    lr=1e-2, sft_lr=1e-2, rounding=rounding)
+        simulated, measured = simulate(settings, config, shapes, target="cpu"), measure(settings, config, shapes)
+        for phase in ("sft", "optimizer"):
+            sim, real = simulated.phases[phase], measured[phase]
+            assert sim.start_bytes == real.start_bytes, (rounding, phase)
+            assert sim.peak_bytes == pytest.approx(real.peak_bytes, rel=0.005), (rounding, phase)
+        peaks[rounding] = simulated.phases["optimizer"].peak_bytes
+    assert peaks["stochastic"] > peaks["nearest"]  # float32 copies of a chunk, and its random bits
 
 
 @pytest.mark.parametrize("switches", [{"logits": "chunked", "logits_chunk": 16}, {"num_iterations": 2}])

@@ -296,6 +296,9 @@ def test_cli_runs_the_tiny_model(tmp_path, capsys):
     (["--algo", "DPO", "--beta-kl", "0", "--no-length-normalize"], "--beta-kl: this run would not read it: DPO's "
      "loss has no entropy bonus and no KL penalty .*\n--length-normalize: this run would not read it: it sets HAEPO"),
     (["--logits-chunk", "64"], "--logits-chunk: this run would not read it"),
+    (["--dtype", "bfloat16", "--rounding", "stochastic", "--adamw", "foreach"], "--adamw: this run would not read "
+     "it: it is torch's AdamW's, and rounding 'stochastic' steps each parameter in chunks of its own"),
+    (["--rounding", "stochastic"], "rounding 'stochastic' rounds the AdamW steps of bfloat16 weights"),
 ])
 def test_cli_usage_errors(tmp_path, capsys, argv, message):
     code = main(["llm", "train", "--model", "tiny", "--out", str(tmp_path), *argv])

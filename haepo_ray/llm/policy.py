@@ -31,6 +31,9 @@ other tools' (TRL's ``GRPOTrainer``); those marked = give the same loss and grad
   with float16, dynamic loss scaling (:attr:`Policy.scaler`).
 - ``adamw`` (=): AdamW's multi-tensor (``foreach``) or per-parameter step; ``auto`` lets torch
   choose (:attr:`Policy.foreach`).
+- ``rounding`` (pure bfloat16): ``nearest`` torch's AdamW, which loses a step below half a
+  weight's spacing (:mod:`~haepo_ray.llm.precision`); ``stochastic`` the same step in float32,
+  rounded so that it is taken in expectation (:mod:`~haepo_ray.llm.stochastic_rounding`).
 - ``num_iterations`` (GRPO): with n > 1, :meth:`Policy.rl_update` computes the old policy's
   log-probs (without gradient, in the ``reference`` phase) and takes n optimiser steps on the
   batch, the ratio of GRPO's loss being to the old policy.
@@ -55,6 +58,7 @@ from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, gr
 from haepo_ray.llm.precision import lost_steps_problem
 from haepo_ray.llm.rollout import Batch, completion_logits, context_problem, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
+from haepo_ray.llm.stochastic_rounding import StochasticRoundingAdamW
 
 __all__ = ["Phase", "Policy", "adapter_problem", "denormals", "model_passes", "no_phase"]
 
@@ -226,13 +230,17 @@ class Policy:
         """The context of a model pass outside :attr:`stats` (generation): :func:`autocast`."""
         return autocast(self.settings)
 
-    def _optimizer(self, lr: float) -> torch.optim.Optimizer:
-        """AdamW on the trainable parameters, and a fresh :attr:`scaler` for it; a warning where
-        ``lr`` cannot move many bfloat16 weights (:func:`~haepo_ray.llm.precision.lost_steps_problem`)."""
+    def _optimizer(self, lr: float, stream: int) -> torch.optim.Optimizer:
+        """AdamW on the trainable parameters (stochastically rounded with ``rounding`` stochastic, its
+        random bits from the run's seed and ``stream``: 0 SFT, 1 RL), and a fresh :attr:`scaler` for
+        it; a warning where ``lr`` cannot move many bfloat16 weights rounded to nearest
+        (:func:`~haepo_ray.llm.precision.lost_steps_problem`)."""
+        self.scaler = torch.amp.GradScaler(torch.device(self.settings.device).type, enabled=self.loss_scaling)
+        if self.settings.rounding == "stochastic":
+            return StochasticRoundingAdamW(self.trainable(), lr=lr, seed=2 * self.settings.seed + stream)
         if problem := lost_steps_problem(self.trainable(), lr):
             warnings.warn(problem, stacklevel=3)
         foreach = {"foreach": True, "per_parameter": False}.get(self.settings.adamw, self.foreach)
-        self.scaler = torch.amp.GradScaler(torch.device(self.settings.device).type, enabled=self.loss_scaling)
         return torch.optim.AdamW(self.trainable(), lr=lr, foreach=foreach)
 
     def _step(self, gradients: Callable[[], T], phase: Phase = no_phase) -> T:
@@ -262,7 +270,7 @@ class Policy:
         """The SFT optimiser (of a fresh adapter with LoRA)."""
         if self.lora:
             self.model = _with_adapter(self.model, self.settings)
-        self.optimizer = self._optimizer(self.settings.sft_lr)
+        self.optimizer = self._optimizer(self.settings.sft_lr, stream=0)
 
     def start_rl(self) -> None:
         """Freeze the model as it is (the SFT checkpoint) as the reference (``reference``); make
@@ -274,7 +282,7 @@ class Policy:
             self.reference = _frozen_copy(self.model)
         if self.lora:
             self.model = _with_adapter(self.model, self.settings)
-        self.optimizer = self._optimizer(self.settings.lr)
+        self.optimizer = self._optimizer(self.settings.lr, stream=1)
 
     def load_start(self, model_state: dict[str, Any]) -> None:
         """An SFT start's weights (a model's state after :meth:`start_rl`) into this policy,

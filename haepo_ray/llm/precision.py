@@ -5,7 +5,8 @@ bits), so an update smaller than half that, 2**(e-9), rounds back to w. AdamW's 
 ``lr`` per entry (exactly ``lr`` at its first step: the bias-corrected m / sqrt(v) is the sign of
 the gradient), so with ``lr`` below |w| / 512 to |w| / 256 the weight never moves. SmolLM2-135M
 at the default lr 5e-5: 92% of its weights are such (91.95% predicted here, 92.17% unchanged
-after one GRPO update; ``bench/llm_precision.py``). Precision ``mixed`` keeps float32 weights.
+after one GRPO update; ``bench/llm_precision.py``). Precision ``mixed`` keeps float32 weights;
+rounding ``stochastic`` (:mod:`~haepo_ray.llm.stochastic_rounding`) takes such steps in expectation.
 """
 
 from __future__ import annotations
@@ -43,4 +44,5 @@ def lost_steps_problem(parameters: list[torch.Tensor], lr: float) -> str | None:
     if share <= WARN_SHARE:
         return None
     return (f"pure bfloat16: an AdamW step of lr {lr:g} is less than half the bfloat16 spacing of {share:.1%} of the "
-            f"trainable weights, which it leaves unchanged: use precision 'mixed' (float32 weights) or a larger lr")
+            f"trainable weights, which it leaves unchanged: use rounding 'stochastic', precision 'mixed' (float32 "
+            "weights) or a larger lr")

@@ -54,13 +54,15 @@ READ_WHEN: dict[str, tuple[tuple[str, ...], Callable[[Any], bool], str]] = {
     "lora_alpha": (("lora_r",), lambda s: s.lora_r > 0, _LORA),
     "lora_target_modules": (("lora_r",), lambda s: s.lora_r > 0, _LORA),
     "logits_chunk": (("logits",), lambda s: s.logits == "chunked", "it is the chunk of logits 'chunked'"),
+    "adamw": (("rounding",), lambda s: s.rounding == "nearest",
+              "it is torch's AdamW's, and rounding 'stochastic' steps each parameter in chunks of its own"),
 }
 # The settings that change a step's memory (haepo_ray.llm.capacity.estimate: trials with the same
 # values have the same estimate); the others change neither memory nor a step's FLOPs.
 MEMORY_FIELDS: tuple[str, ...] = (
     "model", "algo", "dtype", "batch_prompts", "group_size", "sft_batch", "max_new_tokens", "micro_batch_size",
     "gradient_checkpointing", "lora_r", "lora_target_modules", "reference", "logits", "logits_chunk", "generation",
-    "decoding", "precision", "adamw", "num_iterations", "dpo_pairs",
+    "decoding", "precision", "adamw", "rounding", "num_iterations", "dpo_pairs",
 )
 # Implementation switches: other tools' ways of running the same step (haepo_ray.llm.policy), the
 # first value this project's (the default). Each setting's values; HELP says what each does.
@@ -71,6 +73,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "decoding": ("dynamic", "static"),
     "precision": ("pure", "mixed"),
     "adamw": ("auto", "foreach", "per_parameter"),
+    "rounding": ("nearest", "stochastic"),  # pure bfloat16's AdamW step: torch's, or torchao's bf16_stochastic_round
 }
 
 
@@ -168,6 +171,7 @@ class LLMTrainSettings:
     decoding: str = "dynamic"
     precision: str = "pure"
     adamw: str = "auto"
+    rounding: str = "nearest"
     num_iterations: int = 1
     eval_prompts: int = 32  # held out from SFT and RL (haepo_ray.llm.data.split_examples)
     split_seed: int = 0  # the held-out / SFT / RL split: the same for every seed, so runs compare on one set
@@ -233,6 +237,9 @@ class LLMTrainSettings:
         if self.precision == "mixed" and self.dtype not in ("bfloat16", "float16"):
             raise ValueError(f"precision 'mixed' computes in a half-precision dtype: dtype must be bfloat16 or "
                              f"float16, got {self.dtype!r}")
+        if self.rounding == "stochastic" and (self.dtype, self.precision) != ("bfloat16", "pure"):
+            raise ValueError(f"rounding 'stochastic' rounds the AdamW steps of bfloat16 weights: dtype must be bfloat16 "
+                             f"and precision 'pure', got dtype {self.dtype!r}, precision {self.precision!r}")
         if self.dtype == "float16" and self.precision == "pure" and (self.sft_examples or self.rl_updates):
             raise ValueError("dtype float16 with precision 'pure' trains AdamW in float16, where its eps (1e-8) is 0: "
                              "a weight whose gradient is 0, or below about 5e-3, becomes NaN or inf at the first step "
@@ -316,6 +323,9 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "precision": "pure (weights, gradients and AdamW's state in dtype) or mixed (those in float32, the passes "
                  "under autocast to dtype bfloat16 or float16; float16's loss dynamically scaled)",
     "adamw": "AdamW's step: auto (torch chooses: multi-tensor on CUDA), foreach (multi-tensor) or per_parameter",
+    "rounding": "pure bfloat16's AdamW step: nearest (torch's; a step below half a weight's bfloat16 spacing is "
+                "lost) or stochastic (computed in float32, rounded up or down so that the expected weight is the "
+                "float32 step's)",
     "num_iterations": "GRPO: optimiser steps per update's batch; > 1 adds the old policy's log-prob pass and "
                       "the ratio to it",
     "eval_prompts": "held-out prompts of the evaluation (eval/* metrics, generations.jsonl)",

@@ -8,7 +8,7 @@ first trial that needs a start makes it and every other trial with the same :fun
 A start's key is the sha256 of the canonical JSON of :func:`key_fields`: what determines the
 SFT result (model, data, the held-out split, the SFT steps, learning rate, batch, prompt
 length, dtype, device type, LoRA where ``lora_r > 0``, precision where ``mixed``, ACLSum's aspect
-where not ``all``, seed), not the
+where not ``all``, rounding where ``stochastic``, seed), not the
 algorithm or RL settings. ``gradient_checkpointing``, ``micro_batch_size``, ``logits`` and
 ``adamw`` are left out: SFT's step recomputes the same forward, takes the whole batch, and
 gets the same log-probs and update. A sweep's trials share one worker count, which is not
@@ -62,7 +62,8 @@ _LORA_FIELDS = ("lora_alpha", "lora_target_modules")  # only where lora_r > 0
 def key_fields(settings: LLMTrainSettings) -> dict[str, Any]:
     """The settings that determine a run's SFT result (module docstring), as JSON values."""
     names = _SFT_FIELDS + (_LORA_FIELDS if settings.lora_r > 0 else ()) + (
-        ("precision",) if settings.precision != "pure" else ()) + (("aspect",) if settings.aspect != "all" else ())
+        ("precision",) if settings.precision != "pure" else ()) + (("aspect",) if settings.aspect != "all" else ()) + (
+        ("rounding",) if settings.rounding != "nearest" else ())
     fields = {name: getattr(settings, name) for name in names}
     fields["device"] = settings.device.split(":")[0]  # the kernels' kind, not the card
     return json.loads(json.dumps(fields))  # tuples as lists
