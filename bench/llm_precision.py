@@ -20,8 +20,9 @@ Per objective and precision: the share of gradient entries that are 0 where floa
 bfloat16. Per learning rate (``--lrs``), one GRPO update of the same batch with pure bfloat16
 weights rounded to nearest (torch's AdamW) and stochastically (``rounding`` stochastic), and with
 precision mixed: the share of the weights it left unchanged, beside the share
-:func:`haepo_ray.llm.precision.frozen_share` predicts for rounding to nearest, and the share of
-mixed precision's step that the pure ones took, sum_i dw_i sign(dw_mixed_i) / sum_i |dw_mixed_i|.
+:func:`haepo_ray.llm.precision.frozen_share` predicts for rounding to nearest; and the share of
+the float32 step (torch's AdamW on float32 copies of the pure bfloat16 weights and gradients)
+that each rounding took, sum_i dw_i sign(s_i) / sum_i |s_i|, s the float32 step.
 
     .venv/bin/python bench/llm_precision.py OUT.json [--prompts 2] [--samples 3] [--lrs 1e-6 1e-5 ...]
 """
@@ -115,17 +116,26 @@ BFLOAT16 = {"pure": {"precision": "pure"}, "stochastic": {"precision": "pure", "
 
 def _bfloat16_step(model: Any, batch: Any, returns: list[float], lr: float, weights: str,
                    group: int) -> torch.Tensor:
-    """What one GRPO update at ``lr`` adds to each weight (float64) with :data:`BFLOAT16` ``weights``."""
+    """What one GRPO update at ``lr`` adds to each weight (float64) with :data:`BFLOAT16` ``weights``,
+    or (``float32 step``) with torch's AdamW on float32 copies of pure bfloat16's weights and gradients."""
+    exact = weights == "float32 step"
     settings = LLMTrainSettings(algo="GRPO", model="smollm2", micro_batch_size=0, lr=lr, dtype="bfloat16",
-                                **BFLOAT16[weights])
+                                **BFLOAT16["pure" if exact else weights])
     policy = Policy(copy.deepcopy(model).to(getattr(torch, settings.weights_dtype)), settings)
     policy.start_sft()
     policy.start_rl()
     before = _weights(policy)
     loss_fn = group_loss(settings.objective(), batch, torch.tensor(returns), policy.reference_logp(batch),
                          group_rows=group)
-    policy.update(batch, loss_fn)
-    return _weights(policy) - before
+    if not exact:
+        policy.update(batch, loss_fn)
+        return _weights(policy) - before
+    policy.gradients(batch, loss_fn)
+    copies = [torch.nn.Parameter(p.detach().float()) for p in policy.trainable()]
+    for copied, p in zip(copies, policy.trainable(), strict=True):
+        copied.grad = p.grad.float()
+    torch.optim.AdamW(copies, lr=lr).step()
+    return torch.cat([c.detach().flatten().double() for c in copies]) - before
 
 
 def main() -> None:
@@ -151,15 +161,16 @@ def main() -> None:
     weights = [p.detach().to(torch.bfloat16) for p in model.parameters()]
     lost = []
     for lr in args.lrs:
-        steps = {name: _bfloat16_step(model, batch, returns, lr, name, args.samples + 1) for name in BFLOAT16}
-        direction = steps["mixed"].sign()
+        steps = {name: _bfloat16_step(model, batch, returns, lr, name, args.samples + 1)
+                 for name in (*BFLOAT16, "float32 step")}
+        exact = steps.pop("float32 step")
         lost.append({"lr": lr, "predicted": frozen_share(weights, lr),
                      **{name: float((step == 0).double().mean()) for name, step in steps.items()},
-                     **{f"{name}_step_taken": float((step * direction).sum() / steps["mixed"].abs().sum())
+                     **{f"{name}_step_taken": float((step * exact.sign()).sum() / exact.abs().sum())
                         for name, step in steps.items() if name != "mixed"}})
         print(f"bfloat16 lr {lr:g}: unchanged after one GRPO update: pure {lost[-1]['pure']:.2%} (predicted "
               f"{lost[-1]['predicted']:.2%}), stochastic {lost[-1]['stochastic']:.2%}, mixed {lost[-1]['mixed']:.2%}; "
-              f"mixed's step taken: pure {lost[-1]['pure_step_taken']:.3f}, stochastic "
+              f"the float32 step taken: pure {lost[-1]['pure_step_taken']:.3f}, stochastic "
               f"{lost[-1]['stochastic_step_taken']:.3f}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.write_text(json.dumps({"rows": rows, "bfloat16_unchanged": lost, "commit": commit.strip(), "torch": torch.__version__,
