@@ -22,7 +22,9 @@ weights rounded to nearest (torch's AdamW) and stochastically (``rounding`` stoc
 precision mixed: the share of the weights it left unchanged, beside the share
 :func:`haepo_ray.llm.precision.frozen_share` predicts for rounding to nearest; and the share of
 the float32 step (torch's AdamW on float32 copies of the pure bfloat16 weights and gradients)
-that each rounding took, sum_i dw_i sign(s_i) / sum_i |s_i|, s the float32 step.
+that each rounding took, sum_i dw_i sign(s_i) / sum_i |s_i|, s the float32 step. Then the time of
+one AdamW step on every weight (bfloat16, random gradients): torch's against stochastic rounding's,
+alternated ``--repeats`` times, median wall and CPU seconds.
 
     .venv/bin/python bench/llm_precision.py OUT.json [--prompts 2] [--samples 3] [--lrs 1e-6 1e-5 ...]
 """
@@ -33,8 +35,10 @@ import argparse
 import copy
 import json
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ from haepo_ray.llm.precision import frozen_share
 from haepo_ray.llm.rewards import token_f1
 from haepo_ray.llm.rollout import completion_batch
 from haepo_ray.llm.settings import LLMTrainSettings
+from haepo_ray.llm.stochastic_rounding import StochasticRoundingAdamW
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = {"float32": {"dtype": "float32"}, "float16 unscaled": {"dtype": "float16", "precision": "mixed"},
@@ -138,12 +143,35 @@ def _bfloat16_step(model: Any, batch: Any, returns: list[float], lr: float, weig
     return torch.cat([c.detach().flatten().double() for c in copies]) - before
 
 
+def _step_seconds(model: Any, repeats: int) -> dict[str, dict[str, float]]:
+    """Median wall and CPU seconds of one AdamW step on ``model``'s weights in bfloat16, rounded to
+    nearest (torch's) and stochastically, the two alternated."""
+    generator = torch.Generator().manual_seed(0)
+    optimizers = {}
+    for rounding in ("nearest", "stochastic"):
+        params = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in model.parameters()]
+        for p in params:
+            p.grad = (1e-3 * torch.randn(p.shape, generator=generator)).to(torch.bfloat16)
+        optimizers[rounding] = torch.optim.AdamW(params, lr=5e-5) if rounding == "nearest" else \
+            StochasticRoundingAdamW(params, lr=5e-5, seed=0)
+        optimizers[rounding].step()  # the moments exist: the steady state
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in optimizers}
+    for _ in range(repeats):
+        for name, optimizer in optimizers.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            optimizer.step()
+            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {name: {"wall_s": statistics.median(t[0] for t in runs), "cpu_s": statistics.median(t[1] for t in runs)}
+            for name, runs in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 1e-5, 5e-5, 1e-4, 1e-3])
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     model, tokenizer = load_model("smollm2")
     batch, returns = _batch(model, tokenizer, args.prompts, args.samples)
@@ -172,8 +200,14 @@ def main() -> None:
               f"{lost[-1]['predicted']:.2%}), stochastic {lost[-1]['stochastic']:.2%}, mixed {lost[-1]['mixed']:.2%}; "
               f"the float32 step taken: pure {lost[-1]['pure_step_taken']:.3f}, stochastic "
               f"{lost[-1]['stochastic_step_taken']:.3f}", flush=True)
+    seconds = _step_seconds(model, args.repeats)
+    print("AdamW step, median of " + str(args.repeats) + ": " + ", ".join(
+        f"{name} {t['wall_s']:.3f} s wall / {t['cpu_s']:.3f} CPU-s" for name, t in seconds.items())
+        + f"; stochastic / nearest {seconds['stochastic']['wall_s'] / seconds['nearest']['wall_s']:.2f}x wall",
+        flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    args.out.write_text(json.dumps({"rows": rows, "bfloat16_unchanged": lost, "commit": commit.strip(), "torch": torch.__version__,
+    args.out.write_text(json.dumps({"rows": rows, "bfloat16_unchanged": lost, "adamw_step_s": seconds,
+                                    "commit": commit.strip(), "torch": torch.__version__,
                                     "machine": platform.processor() or platform.machine(), "argv": sys.argv[1:],
                                     "batch_rows": len(batch)}, indent=1))
 

@@ -54,6 +54,23 @@ def test_stochastic_rounding_is_unbiased():
     assert (error[spread == 0] == 0).all()  # exact values always
 
 
+def _fmix32(h: int) -> int:
+    """MurmurHash3's 32-bit finaliser, in Python's integers."""
+    h ^= h >> 16
+    h = h * 0x85EBCA6B % 2 ** 32
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 % 2 ** 32
+    return h ^ (h >> 16)
+
+
+def test_the_random_bits_are_murmurhash3s_finaliser_of_key_plus_index():
+    """int32 tensor arithmetic (wrapping products, masked shifts) against Python's integers."""
+    key, start = 0xFFFFFF00, 2 ** 31 - 100  # key + index passes 2**31 and 2**32 in the range
+    bits = random_bits(key, start, 300, "cpu")
+    expected = [_fmix32((key + start + i) % 2 ** 32) % 2 ** 16 for i in range(300)]
+    assert bits.tolist() == expected
+
+
 def test_the_random_bits_are_uniform_and_a_function_of_key_and_index():
     bits = random_bits(7, 0, 2 ** 18, "cpu")
     assert bits.dtype == torch.int32 and 0 <= int(bits.min()) and int(bits.max()) < 2 ** 16

@@ -32,14 +32,20 @@ _LOW16 = 0xFFFF
 _KEEP_BFLOAT16 = -65536  # int32 0xFFFF0000: a float32's sign, exponent and 7 bits of mantissa
 
 
-def _fmix32(h: int | Tensor) -> int | Tensor:
-    """MurmurHash3's 32-bit finaliser (every input bit flips each output bit with probability 1/2),
-    on int64 values in [0, 2**32)."""
-    h = h ^ (h >> 16)
+def _fmix32(h: int) -> int:
+    """MurmurHash3's 32-bit finaliser (every input bit flips each output bit with probability 1/2)
+    of ``h`` in [0, 2**32)."""
+    h ^= h >> 16
     h = (h * 0x85EBCA6B) & _MASK32
-    h = h ^ (h >> 13)
+    h ^= h >> 13
     h = (h * 0xC2B2AE35) & _MASK32
     return h ^ (h >> 16)
+
+
+def _int32(h: int) -> int:
+    """The int32 whose bits are those of ``h`` mod 2**32."""
+    h &= _MASK32
+    return h - 2 ** 32 if h >= 2 ** 31 else h
 
 
 def _key(*parts: int) -> int:
@@ -52,16 +58,22 @@ def _key(*parts: int) -> int:
 
 def random_bits(key: int, start: int, n: int, device: torch.device | str) -> Tensor:
     """16 random bits per entry ``start`` .. ``start + n - 1`` of the stream ``key`` (in [0, 2**32)), as
-    int32 in [0, 2**16): the hash of key + index."""
-    index = torch.arange(start, start + n, dtype=torch.int64, device=device)
-    return (_fmix32((index + key) & _MASK32) & _LOW16).to(torch.int32)
+    int32 in [0, 2**16): the low bits of :func:`_fmix32` (key + index), computed in int32, whose
+    products wrap mod 2**32 (a shift right is masked to be logical)."""
+    h = torch.arange(n, dtype=torch.int32, device=device).add_(_int32(key + start))
+    h ^= (h >> 16).bitwise_and_(0xFFFF)
+    h *= _int32(0x85EBCA6B)
+    h ^= (h >> 13).bitwise_and_(0x7FFFF)
+    h *= _int32(0xC2B2AE35)
+    h ^= (h >> 16).bitwise_and_(0xFFFF)
+    return h.bitwise_and_(_LOW16)
 
 
 def stochastic_round(x: Tensor, bits: Tensor) -> Tensor:
     """float32 ``x`` rounded to bfloat16 with the random ``bits`` (int32 in [0, 2**16), one per
-    entry): away from zero where ``bits`` is below the 16 low bits of ``x``'s mantissa, else
+    entry): away from zero where the 16 low bits of ``x``'s mantissa plus ``bits`` carry, else
     towards zero, so E[result] = x for uniform ``bits``. Exactly representable values stay."""
-    return ((x.view(torch.int32) + bits) & _KEEP_BFLOAT16).view(torch.float32).to(torch.bfloat16)
+    return (x.view(torch.int32) + bits).bitwise_and_(_KEEP_BFLOAT16).view(torch.float32).to(torch.bfloat16)
 
 
 class StochasticRoundingAdamW(torch.optim.Optimizer):
