@@ -216,6 +216,29 @@ def test_train_time_is_the_whole_runs_and_holds_its_phases(tmp_path, common_word
     assert rows[2][names.LLM_PHASE_TIME]["sft"] == rows[1][names.LLM_PHASE_TIME]["sft"]
 
 
+def test_a_stochastically_rounded_run_restored_from_a_checkpoint_ends_with_the_weights_of_one_never_stopped(
+        tmp_path, common_words):
+    """The rounding's random bits depend on the seed and the step, both in the checkpoint."""
+    settings = _settings(dtype="bfloat16", rounding="stochastic", lr=1e-4, sft_examples=2, sft_batch=2,
+                         rl_updates=3, group_size=4, eval_prompts=1)
+    weights = {}
+    for name, stop in (("whole", None), ("stopped", 2)):
+        run = LLMRun(settings, tmp_path / name, reward_fn=common_words)
+        run.sft()
+        for row in run.rl():
+            if row["update"] == stop:
+                run.save(tmp_path / "checkpoint")
+                break
+        if stop:
+            run.close()
+            run = LLMRun(settings, tmp_path / "restored", reward_fn=common_words)
+            run.restore(tmp_path / "checkpoint")
+            assert [row["update"] for row in run.rl()] == [3]
+        weights[name] = {k: v.clone() for k, v in run.model.state_dict().items()}
+        run.close()
+    assert all(torch.equal(weights["whole"][k], weights["stopped"][k]) for k in weights["whole"])
+
+
 def test_nan_reward_stops_training_with_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="reward of completion 0 is nan"):
         train(_settings(rl_updates=1), tmp_path, reward_fn=lambda c, e: [math.nan] * len(c))
