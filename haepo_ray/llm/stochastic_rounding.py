@@ -10,9 +10,9 @@ weight instead of 4 (Zamirai et al. 2020, "Revisiting BFloat16 Training"). The m
 stored in bfloat16 (nearest), as torch's AdamW stores them for bfloat16 weights.
 
 The random bits are a hash of (seed, step, the parameter's index, the entry's index), not a
-generator's: the rounding is the same on the CPU and on CUDA, on every worker of a run (all
-hold the same summed gradients), and after a checkpoint (the seed and steps are in the
-optimiser's state); the memory simulator's fake tensors run it too. A parameter is stepped
+generator's: integer arithmetic, the same bits on the CPU and on CUDA; the same rounding on every
+worker of a run (all hold the same summed gradients) and after a checkpoint (the seed and steps
+are in the optimiser's state); the memory simulator's fake tensors run it too. A parameter is stepped
 :data:`CHUNK` entries at a time, so the float32 temporaries stay small.
 """
 
@@ -33,8 +33,8 @@ _KEEP_BFLOAT16 = -65536  # int32 0xFFFF0000: a float32's sign, exponent and 7 bi
 
 
 def _fmix32(h: int) -> int:
-    """MurmurHash3's 32-bit finaliser (every input bit flips each output bit with probability 1/2)
-    of ``h`` in [0, 2**32)."""
+    """MurmurHash3's 32-bit finaliser (a mix in which each input bit changes about half the output
+    bits) of ``h`` in [0, 2**32)."""
     h ^= h >> 16
     h = (h * 0x85EBCA6B) & _MASK32
     h ^= h >> 13
