@@ -16,7 +16,8 @@ update in one backward pass, LoRA (r 16; 2 on the tiny model), gradient checkpoi
 decoding (``decoding`` static: a static KV cache, whose decode step transformers compiles on
 CUDA; timed after the first run, which compiles), static decoding with every prompt's group
 in one ``generate`` call (``generation`` batch: a decode step reads the weights once for 16
-rows, not once per group of 4), and a planned fit (HAEPO only:
+rows, not once per group of 4), AdamW with stochastic rounding (``rounding`` stochastic: its
+chunked float32 step in place of torch's multi-tensor one), and a planned fit (HAEPO only:
 :class:`haepo_ray.sweep.kinds.llm.fit.GPUFit` plans the whole update in one pass against
 :data:`PLAN_GIB` of memory, and the step runs with its choice).
 
@@ -81,7 +82,7 @@ TINY = dict(batch_prompts=2, group_size=2, sft_batch=2, max_new_tokens=8, micro_
 CONFIGS = {"as given": {}, "one pass": {"micro_batch_size": 0}, "LoRA": {"lora_r": {"tiny": 2}},
            "checkpointing": {"gradient_checkpointing": True}, "static decoding": {"decoding": "static"},
            "static, batch generation": {"decoding": "static", "generation": "batch"},
-           "planned fit": {"micro_batch_size": 0}}
+           "stochastic rounding": {"rounding": "stochastic"}, "planned fit": {"micro_batch_size": 0}}
 LORA_R = 16
 # GiB the planned fit is held to, with no reserve: below the whole update in one pass, above the
 # smallest combination; the tiny model's is set from its own estimates (:func:`_plan_limit`)
@@ -182,6 +183,7 @@ def check(algo: str, model: str, device: str, configuration: str = "as given") -
     roofline = phase_seconds(est, settings, accelerator, EFFICIENCY)
     row |= {"update_s": _update_seconds(seconds, settings), "roofline_s": sum(roofline[p] for p in RL_PHASES),
             "phase_s": seconds, "roofline_phase_s": roofline, "decoding": settings.decoding,
+            "rounding": settings.rounding,
             # one generate call's new tokens (every completion runs to max_new_tokens) per second
             "new_tokens_per_s": generation_rows(settings) * settings.max_new_tokens / seconds["generation"]}
     for name, (a, b) in {"allocated_ratio": ("simulated_allocated", "measured_allocated"),

@@ -43,13 +43,14 @@ def test_the_wrapper_hides_the_modules():
     assert "ModuleNotFoundError: No module named 'ray'" in proc.stderr
 
 
-CONFIGS = ("as given", "one pass", "LoRA", "checkpointing", "static decoding", "static, batch generation")
+CONFIGS = ("as given", "one pass", "LoRA", "checkpointing", "static decoding", "static, batch generation",
+           "stochastic rounding")
 ALGOS = ("HAEPO", "GRPO", "DPO")
 
 
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory):
-    """Every configuration of HAEPO (7 of the 19 rows). GRPO's and
+    """Every configuration of HAEPO (8 of the 22 rows). GRPO's and
     DPO's rows run the same ``check`` with another algorithm: their simulated and measured steps
     are test_llm_capacity's (every algorithm), and the full run is the slow tier's
     test_gpu_check_writes_every_row."""
@@ -92,7 +93,7 @@ def test_gpu_check_writes_one_row_per_configuration_with_finite_numbers(cpu_chec
 
 @pytest.mark.slow
 def test_gpu_check_writes_every_row(tmp_path):
-    """The script's default run: all 19 rows, every algorithm in every configuration."""
+    """The script's default run: all 22 rows, every algorithm in every configuration."""
     proc = _run([str(tmp_path), "--device", "cpu", "--model", "tiny"])
     _check_rows(tmp_path, proc, algos=ALGOS)
 
@@ -107,6 +108,7 @@ def test_each_configuration_runs_with_its_settings(cpu_check):
     assert rows["LoRA", "HAEPO"]["measured_allocated"] < given["measured_allocated"]
     assert rows["checkpointing", "HAEPO"]["gradient_checkpointing"]
     assert (given["decoding"], rows["static decoding", "HAEPO"]["decoding"]) == ("dynamic", "static")
+    assert (given["rounding"], rows["stochastic rounding", "HAEPO"]["rounding"]) == ("nearest", "stochastic")
     # an update's time: its generate calls, one measured (2 prompts' groups, or both in one), and the rest
     batched = rows["static, batch generation", "HAEPO"]
     assert batched["decoding"] == "static" and batched["new_tokens_per_s"] > 0
