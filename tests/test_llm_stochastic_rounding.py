@@ -176,3 +176,17 @@ def test_a_policy_with_stochastic_rounding_uses_it_and_does_not_warn_of_lost_ste
         policy.start_rl()
     assert isinstance(policy.optimizer, StochasticRoundingAdamW)
     assert (sft.param_groups[0]["seed"], policy.optimizer.param_groups[0]["seed"]) == (0, 1)  # SFT's bits, RL's
+
+
+def test_lora_adapters_on_bfloat16_weights_train_in_float32_where_rounding_is_refused(tiny_lm):
+    """The premise of the settings' refusal of rounding 'stochastic' with lora_r > 0: peft keeps the
+    adapters in float32, whose steps are not lost, and a pure bfloat16 LoRA run does not warn."""
+    model, _ = tiny_lm
+    settings = LLMTrainSettings(model="tiny", dtype="bfloat16", lora_r=2, lr=5e-5, sft_lr=5e-5)
+    policy = Policy(copy.deepcopy(model).bfloat16(), settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        policy.start_sft()
+    assert {p.dtype for p in policy.trainable()} == {torch.float32}
+    with pytest.raises(ValueError, match="LoRA's adapters, which peft keeps in float32"):
+        LLMTrainSettings(model="tiny", dtype="bfloat16", lora_r=2, rounding="stochastic")

@@ -60,6 +60,7 @@ def _gradients(policy: Policy, batch, ref: torch.Tensor) -> tuple[torch.Tensor, 
     ({"rounding": "stochastic"}, "rounding 'stochastic' .* dtype must be bfloat16 and precision 'pure', got dtype "
                                  "'float32', precision 'pure'"),
     ({"rounding": "stochastic", "dtype": "bfloat16", "precision": "mixed"}, "got dtype 'bfloat16', precision 'mixed'"),
+    ({"rounding": "stochastic", "dtype": "bfloat16", "lora_r": 2}, "LoRA's adapters, which peft keeps in float32"),
     ({"logits_chunk": 0}, "logits_chunk must be an integer >= 1"),
 ])
 def test_a_switch_out_of_its_values_is_refused_by_name(settings, message):

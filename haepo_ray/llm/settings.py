@@ -240,6 +240,9 @@ class LLMTrainSettings:
         if self.rounding == "stochastic" and (self.dtype, self.precision) != ("bfloat16", "pure"):
             raise ValueError(f"rounding 'stochastic' rounds the AdamW steps of bfloat16 weights: dtype must be bfloat16 "
                              f"and precision 'pure', got dtype {self.dtype!r}, precision {self.precision!r}")
+        if self.rounding == "stochastic" and self.lora_r > 0:
+            raise ValueError("rounding 'stochastic' rounds the AdamW steps of bfloat16 weights, and with lora_r > 0 the "
+                             "trained weights are LoRA's adapters, which peft keeps in float32: leave rounding out")
         if self.dtype == "float16" and self.precision == "pure" and (self.sft_examples or self.rl_updates):
             raise ValueError("dtype float16 with precision 'pure' trains AdamW in float16, where its eps (1e-8) is 0: "
                              "a weight whose gradient is 0, or below about 5e-3, becomes NaN or inf at the first step "
@@ -323,9 +326,9 @@ HELP: dict[str, str] = {  # one line per field: the command line's help (haepo_r
     "precision": "pure (weights, gradients and AdamW's state in dtype) or mixed (those in float32, the passes "
                  "under autocast to dtype bfloat16 or float16; float16's loss dynamically scaled)",
     "adamw": "AdamW's step: auto (torch chooses: multi-tensor on CUDA), foreach (multi-tensor) or per_parameter",
-    "rounding": "pure bfloat16's AdamW step: nearest (torch's; a step below half a weight's bfloat16 spacing is "
-                "lost) or stochastic (computed in float32, rounded up or down so that the expected weight is the "
-                "float32 step's)",
+    "rounding": "pure bfloat16's AdamW step (without LoRA): nearest (torch's; a step below half a weight's "
+                "bfloat16 spacing is lost) or stochastic (computed in float32, rounded up or down so that the "
+                "expected weight is the float32 step's)",
     "num_iterations": "GRPO: optimiser steps per update's batch; > 1 adds the old policy's log-prob pass and "
                       "the ratio to it",
     "eval_prompts": "held-out prompts of the evaluation (eval/* metrics, generations.jsonl)",
