@@ -160,6 +160,13 @@ def test_the_rounding_depends_on_the_seed_and_the_steps_only(monkeypatch):
     assert torch.equal(run(0, 4)[0], four)
 
 
+def test_an_empty_parameter_is_stepped_beside_the_others():
+    empty, weights = (_parameter(torch.zeros(n, dtype=torch.bfloat16), torch.ones(n, dtype=torch.bfloat16))
+                      for n in (0, 5))
+    StochasticRoundingAdamW([empty, weights], lr=1e-3, seed=0).step()
+    assert empty.numel() == 0 and (weights.detach() < 0).all()
+
+
 def test_only_bfloat16_parameters_are_taken():
     with pytest.raises(ValueError, match="rounds to bfloat16: a parameter is torch.float32"):
         StochasticRoundingAdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-3, seed=0)

@@ -110,10 +110,10 @@ class StochasticRoundingAdamW(torch.optim.Optimizer):
                 key = _key(group["seed"], step, g_index, p_index)
                 chunks = zip(*(t.view(-1).split(CHUNK) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])),
                              strict=True)
-                for start, (w, g, m, v) in zip(range(0, p.numel(), CHUNK), chunks, strict=True):
+                for index, (w, g, m, v) in enumerate(chunks):
                     new = _adamw(w.float(), g.float(), m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps, decay=decay,
                                  step=step)
-                    w.copy_(stochastic_round(new, random_bits(key, start, w.numel(), w.device)))
+                    w.copy_(stochastic_round(new, random_bits(key, index * CHUNK, w.numel(), w.device)))
         return loss
 
 
