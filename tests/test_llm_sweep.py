@@ -340,7 +340,10 @@ def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_proces
     assert_trains_like_one_process(parse_plan(spec, "llm_resumable.yaml"), uri, child, tmp_path)
 
 
-RESUME_UPDATES, RESUME_EVERY = 9, 3  # the kill lands after the checkpoint of update 3 or 6, before the next
+# The kill lands after the checkpoint of update 5 or 10, once MLflow holds a later update. The
+# writer logs every 0.5 s; a tiny update takes 0.2 s on a 2-core EPYC: 3 updates between
+# checkpoints were too few, MLflow's count went 3, 6, 9 in most runs and the sweep ended unkilled.
+RESUME_UPDATES, RESUME_EVERY = 15, 5
 
 
 @pytest.mark.parametrize(("change", "message"), [
