@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from haepo_ray.llm.objectives import (OBJECTIVES, backward, effective_num_trajectories, group_loss, objective_of,
-                                      rows_per_prompt)
-from haepo_ray.llm.rollout import sequence_logp, token_stats
+                                      rows_per_prompt, training_batch)
+from haepo_ray.llm.rollout import completion_batch, sequence_logp, token_stats
 from haepo_ray.llm.settings import ALGORITHMS, ObjectiveSettings
 from helpers import RETURNS
 from helpers import group_batch as _batch
@@ -91,6 +91,39 @@ def test_dpo_on_gold_and_samples_is_the_mean_over_gold_vs_sample_pairs(tiny_lm):
     # Per prompt: gold (row 0 / 3) against each of its two samples; the update averages the prompts.
     hand = [-(F.logsigmoid(margin[g] - margin[g + 1]) + F.logsigmoid(margin[g] - margin[g + 2])) / 2 for g in (0, 3)]
     torch.testing.assert_close(loss, (hand[0] + hand[1]) / 2, rtol=1e-12, atol=0)
+
+
+def test_dpo_on_gold_trains_on_each_prompts_gold_row_then_its_samples(tiny_lm):
+    """training_batch: a worker's samples of prompts 3 and 5 (two each) and their gold rows become
+    [gold 3, its samples, gold 5, its samples], returns 1 for gold, the rows the loss's groups take."""
+    _, tokenizer = tiny_lm
+    samples = completion_batch(tokenizer, ["the model writes"] * 2 + ["we propose a method"] * 2,
+                               ["a short summary", "the paper", "for parsing", "the method"])
+    samples = dataclasses.replace(samples, prompt_index=torch.tensor([3, 3, 5, 5]))
+    gold = completion_batch(tokenizer, ["the model writes", "we propose a method"],
+                            ["a cat sat on the mat", "the mat"])
+    rewards = torch.tensor([0.2, 0.8, 0.4, 0.6], dtype=torch.float64)
+    settings = ObjectiveSettings(algo="DPO")
+    batch, returns, sample_rows = training_batch(settings, samples, rewards, gold, tokenizer.pad_token_id)
+
+    def completions(b):
+        return [tokenizer.decode(ids[mask]) for ids, mask in zip(b.input_ids[:, b.prompt_width:], b.completion_mask)]
+
+    got, gold_texts, sample_texts = completions(batch), completions(gold), completions(samples)
+    assert got == [gold_texts[0], *sample_texts[:2], gold_texts[1], *sample_texts[2:]]
+    assert batch.prompt_index.tolist() == [3, 3, 3, 5, 5, 5]
+    assert returns.tolist() == [1, 0, 0, 1, 0, 0] and returns.dtype == rewards.dtype
+    assert sample_rows.tolist() == [False, True, True, False, True, True]
+    assert len(batch) == 2 * rows_per_prompt(settings, 2)
+    group_loss(settings, batch, returns, None, group_rows=3)  # consecutive groups, as the loss takes them
+    # without gold: the samples and their rewards, every row a sample
+    batch, returns, sample_rows = training_batch(ObjectiveSettings(algo="HAEPO"), samples, rewards, None, 0)
+    assert batch is samples and returns is rewards and sample_rows.all()
+    for algo, given, message in (("DPO", None, "DPO: gold rows are required"),
+                                 ("GRPO", gold, "GRPO: gold rows are not used"),
+                                 ("DPO", gold.rows(slice(0, 0)), "4 samples do not split into groups for 0 gold rows")):
+        with pytest.raises(ValueError, match=message):
+            training_batch(ObjectiveSettings(algo=algo), samples, rewards, given, 0)
 
 
 def test_dpo_on_reward_pairs_prefers_each_groups_best_sample_to_its_worst(tiny_lm):

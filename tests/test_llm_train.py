@@ -18,7 +18,8 @@ from haepo_ray.cli import main
 from haepo_ray.cli.llm_options import add_settings_options, settings_from_args
 from haepo_ray.llm.models import load_model
 from haepo_ray.llm.rewards import length_closeness, rouge_l, semantic_similarity, token_f1
-from haepo_ray.llm.train import LLMRun, LLMTrainSettings, rl_metrics, train
+from haepo_ray.llm.run_log import rl_metrics
+from haepo_ray.llm.train import LLMRun, LLMTrainSettings, train
 from haepo_ray.tracking.schema import LLM_METRICS, select_metrics
 
 RL_KEYS = {"update", "phase", "time_s", "reward_mean", "rouge_l", "semantic_similarity", "profanity_rate",

@@ -34,6 +34,7 @@ softmax over the vocabulary in the graph; HAEPO and DPO only the chosen tokens' 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -41,12 +42,12 @@ import torch
 from torch import Tensor
 
 from haepo_ray.baseline_losses import dpo_loss, grpo_token_loss
-from haepo_ray.llm.rollout import Batch, sequence_logp, token_stats
+from haepo_ray.llm.rollout import Batch, concat_batches, sequence_logp, token_stats
 from haepo_ray.llm.settings import ObjectiveSettings
 from haepo_ray.loss import haepo_loss, is_fake
 
-__all__ = ["OBJECTIVES", "Objective", "TokenLoss", "TokenStats", "backward", "chunks", "effective_num_trajectories", "gold_first",
-           "group_loss", "objective_of", "rows_per_prompt"]
+__all__ = ["OBJECTIVES", "Objective", "TokenLoss", "TokenStats", "backward", "chunks", "effective_num_trajectories",
+           "group_loss", "objective_of", "rows_per_prompt", "training_batch"]
 
 # (token_logp, token_entropy or None) -> scalar loss
 TokenLoss = Callable[[Tensor, Tensor | None], Tensor]
@@ -139,11 +140,28 @@ def rows_per_prompt(settings: ObjectiveSettings, group_size: int) -> int:
     return group_size + objective_of(settings).with_gold
 
 
-def gold_first(num_prompts: int, group_size: int) -> Tensor:
-    """The row order that takes ``[gold_1..gold_P, samples of prompt 1, ..]`` to DPO's groups
-    ``[gold_1, samples of prompt 1, gold_2, ..]``."""
-    prompt = torch.arange(num_prompts)[:, None]
-    return torch.cat([prompt, num_prompts + prompt * group_size + torch.arange(group_size)], dim=1).flatten()
+def training_batch(settings: ObjectiveSettings, samples: Batch, rewards: Tensor, gold: Batch | None,
+                   pad_id: int) -> tuple[Batch, Tensor, Tensor]:
+    """The rows ``settings``' objective trains on, their returns, and which rows are samples.
+
+    ``samples``: each prompt's completions, consecutive, ``rewards`` theirs. Without gold: the samples
+    and their rewards. With gold (``gold``: the prompts' gold summaries in their order, required where the
+    objective is DPO's on gold pairs): per prompt its gold row (its prompt's index), return 1, then its samples,
+    return 0 (:func:`rows_per_prompt`)."""
+    if objective_of(settings).with_gold != (gold is not None):
+        raise ValueError(f"{settings.algo}: gold rows are {'required' if gold is None else 'not used'}")
+    if gold is None:
+        return samples, rewards, torch.ones(len(samples), dtype=torch.bool, device=rewards.device)
+    if not len(gold) or len(samples) % len(gold):
+        raise ValueError(f"{len(samples)} samples do not split into groups for {len(gold)} gold rows")
+    group_size = len(samples) // len(gold)
+    gold = dataclasses.replace(gold, prompt_index=samples.prompt_index[::group_size])
+    # [gold_1..gold_P, samples of prompt 1, ..] -> [gold_1, samples of prompt 1, gold_2, ..]
+    prompt = torch.arange(len(gold))[:, None]
+    order = torch.cat([prompt, len(gold) + prompt * group_size + torch.arange(group_size)], dim=1).flatten()
+    batch = concat_batches([gold, samples], pad_id).rows(order.to(rewards.device))
+    sample_rows = torch.arange(len(batch), device=rewards.device) % (group_size + 1) != 0
+    return batch, (~sample_rows).to(rewards.dtype), sample_rows
 
 
 def _groups(batch: Batch, group_rows: int) -> list[slice]:

@@ -1,7 +1,7 @@
 """What a language-model run records as it goes: its rows, written to ``metrics.jsonl`` and
 ``generations.jsonl`` and handed to a callback (:class:`RunWriter`), and the wall time and
 phase times each row carries (:class:`RunClock`). :class:`~haepo_ray.llm.train.LLMRun` holds one
-of each.
+of each. :func:`rl_metrics`: what of an RL row is logged as metrics.
 """
 
 from __future__ import annotations
@@ -82,3 +82,8 @@ class RunClock:
         self.before = row[names.LLM_TRAIN_TIME]
         for name, seconds in row[names.LLM_PHASE_TIME].items():
             self.phases[name] += seconds
+
+
+def rl_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """An RL update's row (:meth:`~haepo_ray.llm.train.LLMRun.rl`) as metrics: every value but its ``phase`` label."""
+    return {key: value for key, value in row.items() if key != "phase"}

@@ -85,11 +85,10 @@ from haepo_ray.llm.distributed import World, sample_seed
 from haepo_ray.llm.evaluate import evaluate
 from haepo_ray.llm.memory import PeakMemory
 from haepo_ray.llm.models import load_model
-from haepo_ray.llm.objectives import effective_num_trajectories, gold_first, objective_of, rows_per_prompt
+from haepo_ray.llm.objectives import effective_num_trajectories, objective_of, rows_per_prompt, training_batch
 from haepo_ray.llm.policy import Policy, denormals
 from haepo_ray.llm.rewards import RewardFn, SummaryReward, check_rewards, summary_metrics
-from haepo_ray.llm.rollout import (Batch, completion_batch, concat_batches, overrun_problem, sample_groups,
-                                   sequence_kl)
+from haepo_ray.llm.rollout import Batch, completion_batch, overrun_problem, sample_groups, sequence_kl
 from haepo_ray.llm.run_log import GENERATIONS_FILE, METRICS_FILE, Callback, RunClock, RunWriter
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.llm.sft_start import evaluation_fields
@@ -288,16 +287,9 @@ class LLMRun:
                     decoding=s.decoding)
             group_examples = [e for e in local for _ in range(s.group_size)]
             rewards = torch.tensor(check_rewards(self.reward_fn(texts, group_examples), texts), device=s.device)
-            if objective_of(objective).with_gold:  # per prompt: [gold, its samples], gold preferred to every sample
-                gold = completion_batch(tokenizer, prompts, [e.reference for e in local])
-                gold = dataclasses.replace(gold, prompt_index=torch.tensor(positions)).to(s.device)
-                wide = concat_batches([gold, samples], tokenizer.pad_token_id)
-                batch = wide.rows(gold_first(len(gold), s.group_size).to(s.device))
-                sample_rows = torch.arange(len(batch), device=s.device) % (s.group_size + 1) != 0
-                returns = (~sample_rows).to(rewards.dtype)
-            else:
-                batch, returns = samples, rewards
-                sample_rows = torch.ones(len(batch), dtype=torch.bool, device=s.device)
+            golds = [e.reference for e in local] if objective_of(objective).with_gold else None  # DPO's gold pairs
+            gold = completion_batch(tokenizer, prompts, golds).to(s.device) if golds else None
+            batch, returns, sample_rows = training_batch(objective, samples, rewards, gold, tokenizer.pad_token_id)
         with clock.phase("update"):
             group_rows = rows_per_prompt(objective, s.group_size)
             loss, logp, ref_logp = self.policy.rl_update(batch, returns, group_rows=group_rows, share=share,
@@ -387,11 +379,6 @@ class LLMRun:
 
     def close(self) -> None:
         self.writer.close()
-
-
-def rl_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    """An RL update's row (:meth:`LLMRun.rl`) as metrics: every value but its ``phase`` label."""
-    return {key: value for key, value in row.items() if key != "phase"}
 
 
 def train(settings: LLMTrainSettings, out_dir: str | Path, *, reward_fn: RewardFn | None = None,

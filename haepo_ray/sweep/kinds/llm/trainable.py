@@ -112,8 +112,9 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None, start
     import ray.train
 
     from haepo_ray.llm.distributed import World
+    from haepo_ray.llm.run_log import rl_metrics
     from haepo_ray.llm.sft_start import begin_rl, start_key
-    from haepo_ray.llm.train import LLMRun, rl_metrics
+    from haepo_ray.llm.train import LLMRun
     from haepo_ray.provenance import device_tags, provenance
     from haepo_ray.tracking.schema import flatten
 
