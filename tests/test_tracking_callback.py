@@ -64,6 +64,30 @@ def test_unreachable_tracking_server_warns_and_does_not_raise(tmp_path, caplog):
     assert (tmp_path / "mlflow_not_logged.jsonl").exists()
 
 
+def test_a_store_that_answers_with_errors_is_said_to_fail_not_to_be_away(tmp_path, caplog):
+    """Calls that MLflow answers with a server error (not an outage, not a refusal of bad input)
+    are retried, then recorded; after two, each call is tried once, and the warning says that
+    MLflow answers with errors, and which, not that it does not answer."""
+    from mlflow.exceptions import MlflowException
+
+    from haepo_ray.tracking.retry import MLflowCalls
+
+    calls = MLflowCalls(sqlite_store(tmp_path / "mlflow.db"), tracking.RetryPolicy(retries=1, backoff_s=0))
+    tries = []
+
+    def broken():
+        tries.append(len(tries))
+        raise MlflowException("the handler broke", error_code="INTERNAL_ERROR")
+
+    with caplog.at_level(logging.WARNING, logger="haepo_ray.tracking"):
+        for step in (1, 2, 3):
+            assert calls.call("metrics", "t1", f"step {step}", broken, hold=True) == (False, None)
+    assert len(tries) == 2 + 2 + 1 and calls.down
+    assert [n.detail for n in calls.not_logged] == ["step 1", "step 2", "step 3"]
+    assert "answers with errors (MlflowException: the handler broke)" in caplog.text
+    assert "does not answer" not in caplog.text
+
+
 # --------------------------------------------------------------------------- mlflow server
 
 

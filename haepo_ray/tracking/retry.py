@@ -193,7 +193,7 @@ class MLflowCalls:
 
     @property
     def down(self) -> bool:
-        """MLflow did not answer the last calls: each call is tried once."""
+        """MLflow did not answer, or failed, the last calls: each call is tried once."""
         return self._down
 
     def call(self, what: str, trial_id: str | None, detail: str, fn: Callable[[], Any], *,
@@ -235,8 +235,10 @@ class MLflowCalls:
             if self._consecutive_failures >= 2 and not self._down:
                 self._down = True
                 logger.warning(
-                    "MLflow at %s does not answer (%s); the sweep goes on, MLflow calls are now "
-                    "tried once each and what fails is recorded", self.tracking_uri, short_error(error))
+                    "MLflow at %s %s (%s); the sweep goes on, MLflow calls are now tried once each and what "
+                    "fails is recorded", self.tracking_uri,
+                    "does not answer" if unreachable(error) else "answers with errors",
+                    short_error(error))
         self.record(what, trial_id, detail, short_error(error))
         return False, None
 
