@@ -30,8 +30,9 @@ import psutil
 import pytest
 import torch
 import yaml
-from helpers import MLflowServer, check_cpu_devices, check_provenance, sqlite_store
+from helpers import MLflowServer, sqlite_store
 from mlflow.tracking import MlflowClient
+from sweep_checks import check_cpu_devices, check_provenance
 
 from haepo_ray import names
 from haepo_ray.llm.sft_start import MARKER, start_key

@@ -2,7 +2,7 @@
 (haepo_ray.provenance), the report's table of them per configuration, its flag on an
 experiment that mixes code versions, and bench/reproduce.sh's refusal of runs made by another
 commit than its checkout's. (That every sweep run carries the tags is checked by the sweep
-tests: test_sweep_e2e.check_provenance.)
+tests: sweep_checks.check_provenance.)
 """
 
 from __future__ import annotations

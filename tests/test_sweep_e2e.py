@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 from drivers import kill_driver_when, killed_sweep, logged_rows, metric_rows, resume_driver
-from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, check_sweep_in_mlflow, sqlite_store
+from helpers import ENV_STEPS, LOGGED, METRIC, SMOKE, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
+from sweep_checks import check_sweep_in_mlflow
 
 from haepo_ray.envs import ChainMDPEnv
 from haepo_ray.sweep.planned import planned_trials

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import SMOKE, MLflowServer, check_sweep_in_mlflow, free_port, sqlite_store
+from helpers import SMOKE, MLflowServer, free_port, sqlite_store
 from mlflow.tracking import MlflowClient
 from ray import tune
+from sweep_checks import check_sweep_in_mlflow
 
 from haepo_ray import tracking
 from haepo_ray.sweep.kinds import parse_plan
