@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from haepo_ray.llm.objectives import group_loss
-from haepo_ray.llm.policy import Policy, adapter_problem
+from haepo_ray.llm.lora import adapter_problem
+from haepo_ray.llm.policy import Policy
 from haepo_ray.llm.rollout import sample_completions, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings
 from helpers import RETURNS, group_batch

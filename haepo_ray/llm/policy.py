@@ -47,20 +47,21 @@ import contextlib
 import copy
 import functools
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from haepo_ray.llm.distributed import World
+from haepo_ray.llm.lora import adapter_problem, with_adapter
 from haepo_ray.llm.objectives import TokenLoss, TokenStats, backward, chunks, group_loss, objective_of
 from haepo_ray.llm.precision import lost_steps_problem
 from haepo_ray.llm.rollout import Batch, completion_logits, context_problem, token_kl, token_stats
 from haepo_ray.llm.settings import LLMTrainSettings, torch_dtype
 from haepo_ray.llm.stochastic_rounding import StochasticRoundingAdamW
 
-__all__ = ["Phase", "Policy", "adapter_problem", "denormals", "model_passes", "no_phase"]
+__all__ = ["Phase", "Policy", "denormals", "model_passes", "no_phase"]
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]  # phase name -> context
 T = TypeVar("T")
@@ -148,45 +149,6 @@ def _frozen_copy(model: Any) -> Any:
     return copy.deepcopy(model, memo)
 
 
-def _with_adapter(model: Any, settings: LLMTrainSettings) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha,
-                        target_modules=list(settings.lora_target_modules), lora_dropout=0.0, bias="none")
-    return get_peft_model(model, config)
-
-
-def adapter_problem(config: Any, targets: Sequence[str]) -> str | None:
-    """Why LoRA cannot adapt each of ``targets`` in a model of transformers ``config``, as peft
-    decides for each target alone on an empty (meta-device) model: it names no module (peft, given
-    several, adapts the others without a word) or only modules LoRA cannot adapt; None when each
-    adapts some layer."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    def empty_model() -> Any:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
-
-    modules = dict(empty_model().named_modules())
-    why = []
-    for target in targets:
-        kinds = sorted({type(m).__name__ for name, m in modules.items()
-                        if name == target or name.endswith(f".{target}")})  # peft's rule for a list
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # peft's tied-embedding advice, for a model never trained
-                get_peft_model(empty_model(), LoraConfig(r=1, target_modules=[target]))
-        except ValueError:  # none found, or one that is not a layer LoRA adapts
-            why.append(f"{target!r} names {', '.join(kinds)}, which LoRA cannot adapt" if kinds
-                       else f"{target!r} names no module")
-    if not why:
-        return None
-    layers = sorted({name.rsplit(".", 1)[-1] for name, m in modules.items() if isinstance(m, torch.nn.Linear)})
-    return (f"lora_target_modules {list(targets)}: in the {config.model_type} model, {'; '.join(why)} "
-            f"(its linear layers are named {', '.join(layers)})")
-
-
 class Policy:
     """The trained model and what each phase of a run needs from it (module docstring)."""
 
@@ -269,7 +231,7 @@ class Policy:
     def start_sft(self) -> None:
         """The SFT optimiser (of a fresh adapter with LoRA)."""
         if self.lora:
-            self.model = _with_adapter(self.model, self.settings)
+            self.model = with_adapter(self.model, self.settings)
         self.optimizer = self._optimizer(self.settings.sft_lr, stream=0)
 
     def start_rl(self) -> None:
@@ -281,7 +243,7 @@ class Policy:
         if reference == "copy" or (reference == "auto" and not self.lora):
             self.reference = _frozen_copy(self.model)
         if self.lora:
-            self.model = _with_adapter(self.model, self.settings)
+            self.model = with_adapter(self.model, self.settings)
         self.optimizer = self._optimizer(self.settings.lr, stream=1)
 
     def load_start(self, model_state: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """A language-model sweep's model, checked before launch, with or without GPUs: its
 architecture can be found (:func:`~haepo_ray.llm.capacity.model_configs.model_config`, offline
 for the bundled ones), LoRA adapts each of the trials' ``lora_target_modules`` in it
-(:func:`~haepo_ray.llm.policy.adapter_problem`), and no trial's ``max_new_tokens`` alone
+(:func:`~haepo_ray.llm.lora.adapter_problem`), and no trial's ``max_new_tokens`` alone
 overruns its context (:func:`~haepo_ray.llm.rollout.context_problem`), where a trial would
 otherwise fail at launch, adapt fewer modules than it names, or sample past its positions."""
 
@@ -23,7 +23,7 @@ def model_problems(model: str, trials: Iterable[LLMTrainSettings], *, searched: 
     memory estimates' ``llm.prompt_tokens``), ``where`` being ``search_space`` for a setting in
     ``searched``, else ``settings``."""
     from haepo_ray.llm.capacity.model_configs import model_config
-    from haepo_ray.llm.policy import adapter_problem
+    from haepo_ray.llm.lora import adapter_problem
     from haepo_ray.llm.rollout import context_problem
 
     try:
