@@ -7,7 +7,7 @@ RL update (:meth:`Policy.rl_update`: the reference pass :meth:`Policy.reference_
 
 Memory savers, each a setting of :class:`~haepo_ray.llm.settings.LLMTrainSettings`:
 
-- ``lora_r > 0``: LoRA adapters through ``peft`` on ``lora_target_modules``; only adapter
+- ``lora_r > 0``: LoRA adapters (:mod:`~haepo_ray.llm.lora`) on ``lora_target_modules``; only adapter
   parameters train. SFT trains an adapter that is then merged into the base weights (the SFT
   checkpoint), and RL trains a fresh adapter; the reference policy is the same model with its
   adapter disabled, so no second copy of the weights is held.
