@@ -298,9 +298,6 @@ def build_submission(args: SubmitOptions) -> Submission:
             raise JobError(f"{key} {path!r} is a path relative to where the sweep starts, which is the job's working "
                            "directory: " + ("give --working-dir DIR with it inside (or an absolute path every node "
                            "reaches)" if temporary else f"it is not inside --working-dir {args.working_dir}"))
-    if temporary:
-        working_dir = Path(tempfile.mkdtemp(prefix="haepo-submit-"))
-        shutil.copy2(spec_path, working_dir / spec_path.name)
 
     experiment = args.experiment or spec.experiment
     cmd = ["python", "-m", "haepo_ray.cli"] if args.py_modules else ["haepo"]
@@ -341,6 +338,10 @@ def build_submission(args: SubmitOptions) -> Submission:
                      "HAEPO_STORAGE_PATH here: results go to the head node's HAEPO_STORAGE_PATH, "
                      "else to its temporary job folder (then a trial cannot resume on another node)")
 
+    env_vars.update(_env_vars(args.env))
+    if temporary:  # made last: no error after it leaves the folder behind
+        working_dir = Path(tempfile.mkdtemp(prefix="haepo-submit-"))
+        shutil.copy2(spec_path, working_dir / spec_path.name)
     runtime_env: dict[str, Any] = {"working_dir": str(working_dir), "env_vars": env_vars}
     if not temporary:
         runtime_env["excludes"] = list(WORKING_DIR_EXCLUDES)
@@ -348,7 +349,6 @@ def build_submission(args: SubmitOptions) -> Submission:
         runtime_env["py_modules"] = [str(Path(__file__).resolve().parent)]
     if args.pip:
         runtime_env["pip"] = list(args.pip)
-    env_vars.update(_env_vars(args.env))
 
     submission_id = args.job_id or (
         f"haepo-{_slug(experiment)}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")

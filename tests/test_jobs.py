@@ -167,5 +167,7 @@ def test_submission_packages_the_spec_and_routes_tracking_and_storage(tmp_path, 
     assert ".venv" in sub.runtime_env["excludes"]
     with pytest.raises(jobs.JobError, match="not inside --working-dir"):
         jobs.build_submission(_submit_args(spec, "--working-dir", str(REPO / "tune_configs")))
+    made = set(Path(tempfile.gettempdir()).glob("haepo-submit-*"))
     with pytest.raises(jobs.JobError, match="--env OTHER_UNSET"):
         jobs.build_submission(_submit_args(spec, "--env", "OTHER_UNSET"))
+    assert set(Path(tempfile.gettempdir()).glob("haepo-submit-*")) == made  # refused before the folder
