@@ -16,11 +16,13 @@ trials of Ray Train ``TorchTrainer`` workers.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
 import platform
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,8 +41,10 @@ from haepo_ray.llm.sft_start import MARKER, start_key
 from haepo_ray.report.generations import JUDGES
 from haepo_ray.sweep.cluster import Cluster
 from haepo_ray.sweep.kinds.llm.fit import config_memory_key
+from haepo_ray.sweep.kinds.llm.trainable import SCRATCH_PREFIX
 from haepo_ray.sweep.kinds import load_plan, parse_plan
 from haepo_ray.sweep.trial_process import release_memory
+from haepo_ray.sweep.trial_scratch import LOCK_SUFFIX
 from haepo_ray.sweep.runner import run_sweep
 from haepo_ray.sweep.spec import SpecError
 from haepo_ray.tracking import find_sweep_runs
@@ -330,15 +334,39 @@ def test_a_killed_driver_resumes_each_update_once_with_the_weights_of_one_proces
         seen.update(checkpoint=newest_checkpoint(results), logged=metric_rows(db, names.LLM_REWARD))
         return 0 < seen["checkpoint"] < seen["logged"] < RESUME_UPDATES
 
+    before = set(NODE_TMP.glob(f"{SCRATCH_PREFIX}*"))
     kill_driver_when(args, tmp_path, between_checkpoints)
     monkeypatch.chdir(tmp_path)
     resume_driver(args, monkeypatch, capfd)
+    # The killed trial's scratch folder (its run files, the checkpoint it may have been writing)
+    # is removed by the resumed trial (held ones are the living workers' of other tests).
+    left = [p.name for p in set(NODE_TMP.glob(f"{SCRATCH_PREFIX}*")) - before
+            if p.suffix != LOCK_SUFFIX and not held(Path(f"{p}{LOCK_SUFFIX}"))]
+    assert not left, f"the killed trial left {left} in {NODE_TMP}"
 
     rows = logged_rows(uri, "llm_resumable")
     assert not {k: n for k, n in rows.items() if n > 1}, f"logged more than once (killed at {seen})"
     _, (child,) = find_sweep_runs(uri, "llm_resumable")
     assert int(child.data.tags[names.REPLAYED_STEPS]) >= seen["logged"] - seen["checkpoint"], seen
     assert_trains_like_one_process(parse_plan(spec, "llm_resumable.yaml"), uri, child, tmp_path)
+
+
+NODE_TMP = Path(tempfile.gettempdir())  # the ray_session's workers' as well
+
+
+def held(lock: Path) -> bool:
+    """Whether a living process holds ``lock`` (an exclusive flock); False where it is missing."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 # The kill lands after the checkpoint of update 5 or 10, once MLflow holds a later update. The

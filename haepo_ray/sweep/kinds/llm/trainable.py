@@ -38,7 +38,10 @@ output files: ``generations.jsonl`` is logged to MLflow from it). Train keeps th
 trial's folder (``<trial>/train``); a trial that Tune restarts (``max_failures``, or a sweep
 resumed with ``--resume``) builds the same trainer, which restores the newest one, and goes
 on from that update. Tune's ``training_iteration`` starts again in a restarted trial; the
-update (``names.LLM_UPDATE``) does not, so it is the step of everything downstream.
+update (``names.LLM_UPDATE``) does not, so it is the step of everything downstream. A worker
+writes its run's files and each checkpoint first in a folder of its node's temporary directory
+(:func:`~haepo_ray.sweep.trial_scratch.scratch_folder`), which the next trial on the node
+removes if the worker was killed.
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ from haepo_ray import names
 from haepo_ray.sweep.kinds.llm.fit import check_own_fit
 from haepo_ray.sweep.kinds.llm.config import RAY_TRAIN, trial_settings
 from haepo_ray.sweep.trial_process import release_memory
+from haepo_ray.sweep.trial_scratch import scratch_folder
 
 SFT_STARTS = "sft_starts"  # in the experiment's folder: the sweep's SFT starts (haepo_ray.llm.sft_start)
+SCRATCH_PREFIX = "haepo-llm-"  # a worker's run files and checkpoints before Ray copies them (trial_scratch)
 
 
 def llm_trial(config: dict[str, Any]) -> None:
@@ -130,8 +135,8 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None, start
         device = "cuda"  # Tune gave the trial's process its GPU (CUDA_VISIBLE_DEVICES)
     settings = trial_settings(config, device)
     every = workers["checkpoint_frequency"]
-    with tempfile.TemporaryDirectory(prefix="haepo-llm-") as out:
-        run = LLMRun(settings, out, world=World.current())
+    with scratch_folder(SCRATCH_PREFIX) as scratch:
+        run = LLMRun(settings, scratch / "run", world=World.current())
         tags = {names.SFT_START: start_key(settings),
                 **device_tags(policy=[next(run.model.parameters()).device])}
         try:
@@ -144,7 +149,7 @@ def worker_loop(config: dict[str, Any], session: ModuleType | None = None, start
             for row in run.rl():
                 final = run.update == settings.rl_updates
                 metrics = {**flatten(rl_metrics(row)), names.PROVENANCE: provenance(), names.RUN_TAGS: tags}
-                with tempfile.TemporaryDirectory(prefix="haepo-llm-checkpoint-") as folder:
+                with tempfile.TemporaryDirectory(prefix="checkpoint-", dir=scratch) as folder:
                     saved = None
                     if run.world.is_main and (final or (every and run.update % every == 0)):
                         run.save(folder, final=final)
